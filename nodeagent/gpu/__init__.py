@@ -1,0 +1,1 @@
+"""Typed read/write API over NVML: the only package that calls ``pynvml``."""

@@ -1,0 +1,274 @@
+"""Frozen domain types returned by :mod:`nodeagent.gpu`.
+
+Everything above the GPU layer (MIG planner, device plugin, health, exporter) speaks these types
+and never sees an NVML handle or a ctypes struct. Units are in the field names; a value NVML
+reports as NOT_SUPPORTED is ``None``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class LinkKind(enum.StrEnum):
+    """How two GPUs are connected, in the vocabulary of ``nvidia-smi topo -m``."""
+
+    SELF = "X"
+    NVLINK = "NV"  # with a link count, shown as NV<n>
+    PCIE_SINGLE = "PIX"  # at most one PCIe bridge between them
+    PCIE_MULTIPLE = "PXB"  # several PCIe bridges, no host bridge
+    PCIE_HOSTBRIDGE = "PHB"  # through a PCIe host bridge
+    NODE = "NODE"  # across host bridges within one NUMA node
+    SYSTEM = "SYS"  # across NUMA nodes (the SMP interconnect)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The connection between two GPUs."""
+
+    kind: LinkKind
+    nvlink_count: int = 0  # number of active NVLinks between the pair (0 unless kind is NVLINK)
+
+    @property
+    def label(self) -> str:
+        """The cell ``nvidia-smi topo -m`` prints for this pair (``NV18``, ``PIX``, ``SYS``...)."""
+        if self.kind is LinkKind.NVLINK:
+            return f"NV{self.nvlink_count}"
+        return self.kind.value
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A GPU-instance placement in memory-slice units (NVML ``nvmlGpuInstancePlacement_t``)."""
+
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """One past the last memory slice occupied."""
+        return self.start + self.size
+
+    def overlaps(self, other: Placement) -> bool:
+        """Whether the two placements share a memory slice."""
+        return self.start < other.end and other.start < self.end
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU-instance profile as the device reports it.
+
+    ``profile_id`` is NVML's device-specific profile ID (what ``nvidia-smi mig -lgip`` prints and
+    what create/placement calls take); ``nvml_index`` is the ``NVML_GPU_INSTANCE_PROFILE_*``
+    constant used to query it. They are different integer spaces.
+    """
+
+    name: str  # e.g. "1g.10gb", "1g.10gb+me"
+    profile_id: int
+    nvml_index: int
+    slices: int  # memory slices occupied (placement size)
+    compute_slices: int  # the "g" in the name: SM slices of 7 (or 4 on A30)
+    multiprocessors: int
+    memory_bytes: int
+    max_count: int
+    copy_engines: int
+    decoders: int
+    jpeg_decoders: int
+    ofa: int
+    placements: tuple[Placement, ...]  # every legal placement, whether free or not
+
+
+@dataclass(frozen=True, slots=True)
+class MigGeometry:
+    """The MIG layout rules of one GPU model: enough for the planner to reason without NVML."""
+
+    model: str  # product name, e.g. "NVIDIA H100 80GB HBM3"
+    memory_slices: int  # 8 on A100/H100/H200, 4 on A30
+    profiles: tuple[MigProfile, ...]
+
+    def profile(self, name: str) -> MigProfile | None:
+        """The profile with this name, or ``None`` when the model does not offer it."""
+        for candidate in self.profiles:
+            if candidate.name == name:
+                return candidate
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeInstance:
+    """A compute instance inside a GPU instance. A CI is what CUDA calls a MIG device."""
+
+    gpu_instance_id: int
+    instance_id: int
+    profile_id: int  # NVML_COMPUTE_INSTANCE_PROFILE_* value
+    slice_count: int
+    placement: Placement  # SM-slice units, relative to the GPU instance
+    uuid: str  # MIG-... UUID of the MIG device this CI forms
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstance:
+    """A GPU instance with its compute instances and the processes running on it."""
+
+    gpu_index: int
+    instance_id: int  # per-device GI ID (``-lgi`` "Instance ID"); unrelated to profile_id
+    profile: str  # profile name, e.g. "3g.40gb"
+    profile_id: int
+    placement: Placement
+    compute_instances: tuple[ComputeInstance, ...]
+    pids: tuple[int, ...]  # processes running on any of its compute instances
+
+    @property
+    def busy(self) -> bool:
+        """Whether any process runs on this instance (destroying it would kill work)."""
+        return bool(self.pids)
+
+    @property
+    def uuid(self) -> str | None:
+        """UUID of the instance's first MIG device, or ``None`` when it has no compute instance."""
+        return self.compute_instances[0].uuid if self.compute_instances else None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """Static facts about one physical GPU."""
+
+    index: int
+    uuid: str
+    name: str
+    serial: str | None
+    pci_bus_id: str  # "00000000:18:00.0"
+    pci_device_id: int  # combined device/vendor id, e.g. 0x233010DE
+    numa_node: int | None
+    memory_total_bytes: int
+    compute_capability: tuple[int, int]
+    driver_version: str
+    cuda_driver_version: str  # "12.8"
+    vbios_version: str | None
+    mig_capable: bool
+    mig_enabled: bool  # current mode
+    mig_pending: bool  # the mode that takes effect at the next reset (pending target)
+    minor_number: int | None = None
+
+    @property
+    def mig_change_pending(self) -> bool:
+        """A mode change waits for a GPU reset (current and pending modes differ)."""
+        return self.mig_enabled != self.mig_pending
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A compute process on a GPU (or on a MIG instance of it)."""
+
+    pid: int
+    used_memory_bytes: int | None
+    gpu_instance_id: int | None  # None on a GPU without MIG
+    compute_instance_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    """ECC error counts (NVML total ECC errors, corrected = single-bit, uncorrected = double-bit)."""
+
+    volatile_corrected: int
+    volatile_uncorrected: int
+    aggregate_corrected: int
+    aggregate_uncorrected: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """Row-remapping state (A100 and newer)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkStatus:
+    """One NVLink of a GPU: whether it is up and its data-link error counters."""
+
+    link: int
+    active: bool
+    replay_errors: int | None
+    recovery_errors: int | None
+    crc_flit_errors: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One sample of a GPU's moving values and health counters.
+
+    ``clock_event_reasons`` is NVML's bitmask (``nvmlClocksEventReason*``).
+    """
+
+    gpu_index: int
+    timestamp_s: float  # time.time() when sampled
+    utilization_gpu_ratio: float | None  # 0..1
+    utilization_memory_ratio: float | None  # 0..1
+    memory_used_bytes: int
+    memory_free_bytes: int
+    temperature_celsius: float | None
+    temperature_slowdown_celsius: float | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    energy_joules: float | None  # total since driver load
+    sm_clock_hz: float | None
+    memory_clock_hz: float | None
+    clock_event_reasons: int | None
+    ecc: EccCounts | None
+    remapped_rows: RemappedRows | None
+    retired_pages_sbe: int | None
+    retired_pages_dbe: int | None
+    retired_pages_pending: bool | None
+    pcie_replay_count: int | None
+    nvlinks: tuple[NvLinkStatus, ...]
+    processes: tuple[ProcessInfo, ...]
+
+
+class EventKind(enum.StrEnum):
+    """NVML event types the agent listens for."""
+
+    XID = "xid"
+    ECC_SINGLE_BIT = "ecc-sbe"
+    ECC_DOUBLE_BIT = "ecc-dbe"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """An event from the NVML event set."""
+
+    kind: EventKind
+    gpu_index: int
+    gpu_uuid: str
+    data: int  # the XID code for XID events
+    gpu_instance_id: int | None  # set when the event is attributed to a MIG GPU instance
+    compute_instance_id: int | None
+    timestamp_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """Everything sampled from one GPU in one pass; ``lost`` GPUs carry only ``info``."""
+
+    info: GpuInfo
+    telemetry: Telemetry | None
+    mig_instances: tuple[GpuInstance, ...]
+    lost: bool = False
+    error: str | None = None  # the error that made the GPU unreadable, when lost
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One consistent view of the node, produced by the sampler and shared read-only."""
+
+    timestamp_s: float
+    sample_duration_s: float
+    driver_version: str
+    cuda_driver_version: str
+    gpus: tuple[GpuState, ...]
+    topology: dict[tuple[int, int], Link] = field(default_factory=dict)
+    nvml_errors: dict[str, int] = field(default_factory=dict)  # errors by NVML function this pass
