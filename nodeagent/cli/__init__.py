@@ -1,0 +1,1 @@
+"""The ``nodeagent`` command line: one module per command group, thin over library code."""

@@ -1,0 +1,80 @@
+"""Options and error handling shared by every command group.
+
+Exit codes: 0 ok, 1 drift or failure found, 2 usage or environment error. Errors print one line
+of cause and one line of hint on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from nodeagent.gpu.errors import DriverNotLoaded, GpuError
+from nodeagent.gpu.node import GpuNode, open_node
+
+EXIT_OK = 0
+EXIT_DRIFT = 1
+EXIT_USAGE = 2
+
+SimulateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--simulate",
+        envvar="NODEAGENT_SIMULATE",
+        help="Run against a simulated node of this preset (see `nodeagent sim presets`).",
+        show_default=False,
+    ),
+]
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="NODEAGENT_SIM_STATE",
+        help="Simulator state directory (shared by every command on the same simulated node).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def fail(cause: str, hint: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print a one-line cause and a one-line hint on stderr and exit with ``code``."""
+    sys.stderr.write(f"error: {cause}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    raise typer.Exit(code)
+
+
+def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
+    """Open the node's GPUs or exit 2 with the cause and the ``--simulate`` hint."""
+    try:
+        return open_node(simulate=simulate, state_dir=state_dir)
+    except DriverNotLoaded as exc:
+        fail(
+            str(exc),
+            "pass --simulate PRESET (or set NODEAGENT_SIMULATE); list presets with "
+            "`nodeagent sim presets`",
+        )
+    except (GpuError, ValueError) as exc:
+        fail(str(exc), "check --simulate/--state-dir, or the NVIDIA driver with `nvidia-smi`")
+
+
+def emit_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """Print an aligned plain-text table (no colours, so output pipes cleanly)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    sys.stdout.write(line.rstrip() + "\n")
+    for row in rows:
+        cells = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+        sys.stdout.write(cells.rstrip() + "\n")
