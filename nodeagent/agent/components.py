@@ -1,0 +1,34 @@
+"""The seam where features plug into the agent: one factory per component, in start order.
+
+Producers come before consumers: the sampler publishes snapshots, health subscribes to them and
+sets ``ctx.health``, then the device plugin and the exporter read both. A factory returns None
+when its feature is turned off in the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nodeagent.agent.component import AgentContext, Component
+from nodeagent.agent.sampler import Sampler
+
+ComponentFactory = Callable[[AgentContext], Component | None]
+
+
+def _sampler(ctx: AgentContext) -> Component:
+    return Sampler(ctx.node, ctx.snapshots, ctx.config.sampler.interval_s)
+
+
+FACTORIES: list[ComponentFactory] = [
+    _sampler,
+]
+
+
+def build_components(ctx: AgentContext) -> list[Component]:
+    """Instantiate every enabled component, in order."""
+    components = []
+    for factory in FACTORIES:
+        component = factory(ctx)
+        if component is not None:
+            components.append(component)
+    return components

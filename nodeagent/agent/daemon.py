@@ -1,0 +1,183 @@
+"""``nodeagent run``: compose the components, supervise them, handle signals and systemd."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from nodeagent.agent.component import AgentContext, Component, Reloadable
+from nodeagent.agent.components import build_components
+from nodeagent.agent.sdnotify import Notifier
+from nodeagent.agent.supervisor import Supervisor
+from nodeagent.config.loader import ConfigError
+from nodeagent.config.schema import AgentConfig, load_agent_config
+from nodeagent.gpu.node import GpuNode
+
+log = logging.getLogger(__name__)
+
+# SIGTERM must finish well inside systemd's default TimeoutStopSec (90 s) and a pod's default
+# terminationGracePeriodSeconds (30 s), leaving time for the process to exit after the threads.
+STOP_TIMEOUT_S = 10.0
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def describe_config(config: AgentConfig) -> str:
+    """The effective config as one line of JSON, for the start-up log."""
+    return json.dumps(_jsonable(config), sort_keys=True)
+
+
+class Agent:
+    """The agent process: components on supervised threads, reload on SIGHUP, stop on SIGTERM."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        node: GpuNode,
+        *,
+        config_path: Path | None = None,
+        config_overrides: dict[str, Any] | None = None,
+        kubelet_dir: Path | None = None,
+        metrics_address: str | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config_path = config_path
+        self.config_overrides = config_overrides or {}
+        self.notifier = notifier or Notifier()
+        self.ctx = AgentContext(
+            config=config,
+            node=node,
+            state_dir=config.state_dir,
+            kubelet_dir=kubelet_dir,
+            metrics_address=metrics_address,
+        )
+        self.supervisor = Supervisor(self.ctx.restarts)
+        self.components: list[Component] = []
+        self._reload_requested = threading.Event()
+        self._stop_requested = threading.Event()
+
+    def start(self) -> None:
+        """Create the state directory, log the effective config and start every component."""
+        self.ctx.state_dir.mkdir(parents=True, exist_ok=True)
+        log.info("effective config: %s", describe_config(self.ctx.config))
+        self.components = build_components(self.ctx)
+        for component in self.components:
+            self.supervisor.start(component)
+        log.info("started components: %s", ", ".join(c.name for c in self.components))
+
+    @property
+    def ready(self) -> bool:
+        """Whether every component reports ready."""
+        return all(c.ready for c in self.components)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until every component is ready; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.ready:
+                return True
+            if self._stop_requested.wait(0.02):
+                return False
+        return self.ready
+
+    def request_reload(self) -> None:
+        """Ask the main loop to reload the config (what SIGHUP does)."""
+        self._reload_requested.set()
+
+    def request_stop(self) -> None:
+        """Ask the main loop to stop (what SIGTERM and SIGINT do)."""
+        self._stop_requested.set()
+
+    def reload(self) -> bool:
+        """Re-read the config file; on error keep the running config and say why."""
+        self.notifier.reloading()
+        try:
+            config = load_agent_config(self.config_path, overrides=self.config_overrides)
+        except (ConfigError, ValueError) as exc:
+            log.error("reload failed, keeping the running config: %s", exc)
+            self.notifier.ready("reload failed; running the previous config")
+            return False
+        self.ctx.config = config
+        log.info("reloaded config: %s", describe_config(config))
+        for component in self.components:
+            if isinstance(component, Reloadable):
+                try:
+                    component.reload(config)
+                except Exception:
+                    log.exception("component %s failed to reload", component.name)
+        self.notifier.ready("reloaded")
+        return True
+
+    def _snapshot_fresh(self) -> bool:
+        latest = self.ctx.snapshots.latest
+        if latest is None:
+            return False
+        max_age = max(3 * self.ctx.config.sampler.interval_s, 10.0)
+        return time.time() - latest.timestamp_s < max_age
+
+    def serve(self, ready_timeout_s: float = 60.0) -> int:
+        """Run until stopped: READY once components are up, WATCHDOG while healthy."""
+        self._install_signal_handlers()
+        self.start()
+        if self.wait_ready(ready_timeout_s):
+            self.notifier.ready(f"{len(self.components)} components running")
+            log.info("agent ready")
+        elif not self._stop_requested.is_set():
+            not_ready = [c.name for c in self.components if not c.ready]
+            log.error("components not ready after %.0fs: %s", ready_timeout_s, not_ready)
+        watchdog_s = self.notifier.watchdog_interval_s()
+        tick = min(watchdog_s, 1.0) if watchdog_s else 1.0
+        while not self._stop_requested.is_set():
+            self._stop_requested.wait(tick)
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self.reload()
+            # Withhold the keep-alive when a thread died or sampling wedged (NVML hang), so
+            # systemd's watchdog restarts the agent instead of it silently serving stale data.
+            if watchdog_s and self.supervisor.alive() and self._snapshot_fresh():
+                self.notifier.watchdog()
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        """Stop every component within STOP_TIMEOUT_S; 0 when all stopped in time."""
+        self.notifier.stopping()
+        log.info("stopping")
+        stragglers = self.supervisor.stop(STOP_TIMEOUT_S)
+        try:
+            self.ctx.node.close()
+        except Exception:
+            log.exception("closing NVML failed")
+        self.notifier.close()
+        return 1 if stragglers else 0
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_stop(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            self.request_stop()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            self.request_reload()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)

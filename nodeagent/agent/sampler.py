@@ -1,0 +1,50 @@
+"""The sampler: reads NVML at a fixed interval into one immutable NodeSnapshot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from nodeagent.agent.snapshots import SnapshotStore
+from nodeagent.gpu.node import GpuNode
+
+log = logging.getLogger(__name__)
+
+
+class Sampler:
+    """Publishes ``node.snapshot()`` every ``interval_s`` seconds.
+
+    Sampling is paced on a monotonic schedule (start + k * interval), so a slow pass shortens the
+    next wait instead of drifting; a pass that overruns a whole interval skips ahead.
+    """
+
+    name = "sampler"
+
+    def __init__(self, node: GpuNode, store: SnapshotStore, interval_s: float) -> None:
+        self._node = node
+        self._store = store
+        self.interval_s = interval_s
+        self._ready = threading.Event()
+
+    @property
+    def ready(self) -> bool:
+        """True once the first snapshot is published."""
+        return self._ready.is_set()
+
+    def sample_once(self) -> None:
+        """Take and publish one snapshot."""
+        self._store.publish(self._node.snapshot())
+        self._ready.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample until ``stop`` is set."""
+        next_due = time.monotonic()
+        while not stop.is_set():
+            self.sample_once()
+            next_due += self.interval_s
+            now = time.monotonic()
+            if next_due < now:
+                log.warning("sampling took longer than the %.2fs interval", self.interval_s)
+                next_due = now
+            stop.wait(next_due - now)
