@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.health import HealthSection
+from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.loader import (
     ConfigError,
     deep_merge,
@@ -19,6 +22,7 @@ from nodeagent.config.loader import (
     parse_dataclass,
     read_yaml,
 )
+from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
 
 DEFAULT_STATE_DIR = Path("/var/lib/nodeagent")
@@ -61,6 +65,10 @@ class AgentConfig:
     state_dir: Path = DEFAULT_STATE_DIR  # health history, MIG intent, and the status file
     sampler: SamplerSection = field(default_factory=SamplerSection)
     mig: MigSection = field(default_factory=MigSection)
+    health: HealthSection = field(default_factory=HealthSection)
+    device_plugin: DevicePluginSection = field(default_factory=DevicePluginSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
     pools: dict[str, PoolPolicy] = field(default_factory=lambda: {"default": PoolPolicy()})
 
     def __post_init__(self) -> None:
