@@ -1,0 +1,1 @@
+"""Kubernetes device plugin (kubelet API v1beta1) for the node's GPUs."""
