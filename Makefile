@@ -1,0 +1,32 @@
+# One entry point per job. Each target sets up the virtual environment it needs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= .demo
+PRESET ?= dgx-h100
+
+.PHONY: demo test lint bench clean
+
+# The environment is rebuilt whenever pyproject.toml changes.
+$(BIN)/nodeagent: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Run the agent on a simulated node: every component, metrics on http://127.0.0.1:9475/metrics.
+demo: $(BIN)/nodeagent
+	mkdir -p $(DEMO_DIR)/kubelet
+	$(BIN)/nodeagent run --simulate $(PRESET) --state-dir $(DEMO_DIR)/sim \
+		--kubelet-dir $(DEMO_DIR)/kubelet --metrics-address 127.0.0.1:9475
+
+test: $(BIN)/nodeagent
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/nodeagent
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,120 @@
+"""``nodeagent gpus`` and ``nodeagent topo``: inventory and the topology matrix."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from nodeagent.cli.common import (
+    JsonOption,
+    SimulateOption,
+    StateDirOption,
+    emit_json,
+    open_node_or_exit,
+    print_table,
+)
+from nodeagent.gpu.types import GpuInfo, Link
+
+GIB = 1024**3
+
+
+def gpu_to_json(info: GpuInfo) -> dict[str, Any]:
+    """The documented JSON shape of one GPU (docs/cli.md)."""
+    return {
+        "index": info.index,
+        "uuid": info.uuid,
+        "name": info.name,
+        "serial": info.serial,
+        "pci_bus_id": info.pci_bus_id,
+        "pci_device_id": f"0x{info.pci_device_id:08X}",
+        "numa_node": info.numa_node,
+        "memory_total_bytes": info.memory_total_bytes,
+        "compute_capability": f"{info.compute_capability[0]}.{info.compute_capability[1]}",
+        "driver_version": info.driver_version,
+        "cuda_driver_version": info.cuda_driver_version,
+        "vbios_version": info.vbios_version,
+        "mig_capable": info.mig_capable,
+        "mig_enabled": info.mig_enabled,
+        "mig_pending": info.mig_pending,
+    }
+
+
+def _mig_cell(info: GpuInfo) -> str:
+    if not info.mig_capable:
+        return "n/a"
+    state = "on" if info.mig_enabled else "off"
+    if info.mig_change_pending:
+        state += f" (pending {'on' if info.mig_pending else 'off'}: reset required)"
+    return state
+
+
+def gpus(
+    simulate: SimulateOption = None, state_dir: StateDirOption = None, as_json: JsonOption = False
+) -> None:
+    """List the node's GPUs: model, memory, PCI and NUMA placement, driver, MIG mode."""
+    node = open_node_or_exit(simulate, state_dir)
+    try:
+        inventory = node.inventory()
+    finally:
+        node.close()
+    if as_json:
+        emit_json([gpu_to_json(info) for info in inventory])
+        return
+    rows = [
+        [
+            str(info.index),
+            info.name,
+            f"{info.memory_total_bytes / GIB:.1f} GiB",
+            info.pci_bus_id,
+            "-" if info.numa_node is None else str(info.numa_node),
+            info.driver_version,
+            _mig_cell(info),
+            info.uuid,
+        ]
+        for info in inventory
+    ]
+    print_table(["GPU", "NAME", "MEMORY", "PCI BUS", "NUMA", "DRIVER", "MIG", "UUID"], rows)
+
+
+def topology_to_json(count: int, links: dict[tuple[int, int], Link]) -> dict[str, Any]:
+    """The documented JSON shape of the topology (docs/cli.md)."""
+    return {
+        "gpus": count,
+        "links": [
+            {
+                "a": a,
+                "b": b,
+                "kind": link.kind.name.lower(),
+                "label": link.label,
+                "nvlinks": link.nvlink_count,
+            }
+            for (a, b), link in sorted(links.items())
+            if a < b
+        ],
+    }
+
+
+def topo(
+    simulate: SimulateOption = None, state_dir: StateDirOption = None, as_json: JsonOption = False
+) -> None:
+    """Show how every pair of GPUs is connected, as `nvidia-smi topo -m` does."""
+    node = open_node_or_exit(simulate, state_dir)
+    try:
+        count = node.count()
+        links = node.topology()
+        numa = {info.index: info.numa_node for info in node.inventory()}
+    finally:
+        node.close()
+    if as_json:
+        emit_json(topology_to_json(count, links))
+        return
+    headers = [""] + [f"GPU{j}" for j in range(count)] + ["NUMA"]
+    rows = []
+    for i in range(count):
+        cells = ["X" if i == j else links[(i, j)].label for j in range(count)]
+        rows.append([f"GPU{i}", *cells, "-" if numa.get(i) is None else str(numa[i])])
+    print_table(headers, rows)
+    sys.stdout.write(
+        "\nLegend: X = self, NV# = # NVLinks, PIX = one PCIe bridge, PXB = several PCIe bridges,\n"
+        "PHB = PCIe host bridge, NODE = host bridges within a NUMA node, SYS = across NUMA nodes\n"
+    )

@@ -1,0 +1,44 @@
+"""The ``nodeagent`` entry point: mounts every command group."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from nodeagent import __version__
+from nodeagent.cli import gpus, run
+
+app = typer.Typer(
+    name="nodeagent",
+    help="Node-level GPU sharing and health agent: MIG, device plugin, health and metrics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nodeagent {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Node-level GPU sharing and health agent."""
+
+
+app.command("gpus")(gpus.gpus)
+app.command("topo")(gpus.topo)
+app.command("run")(run.run)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

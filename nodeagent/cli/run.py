@@ -1,0 +1,79 @@
+"""``nodeagent run``: the agent daemon."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nodeagent.agent.daemon import Agent
+from nodeagent.cli.common import SimulateOption, StateDirOption, fail, open_node_or_exit
+from nodeagent.config.loader import ConfigError
+from nodeagent.config.schema import load_agent_config
+
+
+def run(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", envvar="NODEAGENT_CONFIG", help="Agent config file (version: v1)."
+        ),
+    ] = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    agent_state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--agent-state-dir",
+            help="Where the agent keeps health history and MIG intent "
+            "(default: state_dir in the config, /var/lib/nodeagent).",
+        ),
+    ] = None,
+    kubelet_dir: Annotated[
+        Path | None,
+        typer.Option("--kubelet-dir", help="Device-plugin directory holding kubelet.sock."),
+    ] = None,
+    metrics_address: Annotated[
+        str | None,
+        typer.Option("--metrics-address", help="Serve /metrics on HOST:PORT."),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", envvar="NODEAGENT_LOG_LEVEL", help="debug|info|warning")
+    ] = "info",
+) -> None:
+    """Run the agent: sampler, MIG reconciler, health, device plugin and metrics."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    overrides: dict[str, Any] = {}
+    if agent_state_dir is not None:
+        overrides["state_dir"] = str(agent_state_dir)
+    elif simulate and state_dir is not None:
+        # A simulated node keeps the agent's state beside the simulator's, so one directory
+        # holds the whole demo and nothing is written under /var/lib.
+        overrides["state_dir"] = str(state_dir / "agent")
+    try:
+        agent_config = load_agent_config(config, overrides=overrides)
+    except (ConfigError, ValueError) as exc:
+        first, _, rest = str(exc).partition("\n")
+        more = f" (and {rest.count(chr(10)) + 1} more problems)" if rest else ""
+        fail(f"{first}{more}", "fix the config file; `docs/config.md` lists every field")
+    node = open_node_or_exit(simulate, state_dir)
+    agent = Agent(
+        agent_config,
+        node,
+        config_path=config,
+        config_overrides=overrides,
+        kubelet_dir=kubelet_dir,
+        metrics_address=metrics_address,
+    )
+    try:
+        code = agent.serve()
+    except PermissionError as exc:
+        fail(f"{exc.strerror}: {exc.filename}", "run as root or point --agent-state-dir elsewhere")
+    raise typer.Exit(code)
