@@ -169,7 +169,7 @@ class ProcessInfo:
 
 @dataclass(frozen=True, slots=True)
 class EccCounts:
-    """ECC error counts (NVML total ECC errors, corrected = single-bit, uncorrected = double-bit)."""
+    """ECC error counts (NVML totals: corrected = single-bit, uncorrected = double-bit)."""
 
     volatile_corrected: int
     volatile_uncorrected: int

@@ -1,0 +1,46 @@
+"""Shared fixtures: simulated GPU nodes on private state directories.
+
+Every test runs with ``NODEAGENT_SIMULATE`` unset and ``NODEAGENT_SIM_STATE`` pointing into its
+own temporary directory, so no test reads the developer's environment or touches the user's real
+simulator state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.gpu.node import GpuNode, open_node
+
+
+@pytest.fixture(autouse=True)
+def _isolated_gpu_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("NODEAGENT_SIMULATE", raising=False)
+    monkeypatch.setenv("NODEAGENT_SIM_STATE", str(tmp_path / "default-sim-state"))
+
+
+@pytest.fixture
+def sim_state_dir(tmp_path: Path) -> Path:
+    """The state directory ``make_node`` uses by default (one preset per directory)."""
+    return tmp_path / "sim-state"
+
+
+@pytest.fixture
+def make_node(sim_state_dir: Path) -> Iterator[Callable[..., GpuNode]]:
+    """Factory: ``make_node("dgx-h100")`` opens a simulated node on ``sim_state_dir``.
+
+    Pass ``state_dir=`` to open a second preset (or a second handle) in the same test. Every
+    node made is closed at the end of the test.
+    """
+    opened: list[GpuNode] = []
+
+    def make(preset: str, state_dir: Path | None = None) -> GpuNode:
+        node = open_node(simulate=preset, state_dir=state_dir or sim_state_dir)
+        opened.append(node)
+        return node
+
+    yield make
+    for node in opened:
+        node.close()
