@@ -301,7 +301,7 @@ def _explain_infeasible(m: _Model, want: Sequence[int]) -> str:
                 beside = ", ".join(f"{m.names[q]} x{placed.count(q)}" for q in sorted(set(placed)))
                 return (
                     f"{m.names[p]} #{k + 1} cannot be placed beside {beside}: it may start only "
-                    f"at slice {starts} (size {m.slices[p]}), and every arrangement of the others "
+                    f"at slices {starts} (size {m.slices[p]}), and every arrangement of the others "
                     "overlaps all of them"
                 )
             placed.append(p)

@@ -109,7 +109,7 @@ def sim_geometry(key: str, tmp: Path) -> MigGeometry | None:
             return node.mig_geometry(0)
         finally:
             node.close()
-    except NotImplementedError:
+    except (NotImplementedError, ImportError):  # the simulator has not landed yet
         return None
 
 

@@ -1,0 +1,248 @@
+"""Layout and hooks files: mig-parted v1 accepted as is, every problem reported with its line."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from mig.config import (
+    DEFAULT_CONFIG_FILE,
+    GpuFacts,
+    GpuTarget,
+    MigConfigError,
+    MigConfigFile,
+    load_config,
+    parse_config,
+    parse_hooks,
+    render_config,
+    resolve,
+)
+from nodeagent.gpu.types import MigGeometry
+
+PCI_OF_MODEL = {8: {"1g.5gb": 0x20B010DE, "1g.10gb": 0x233010DE, "1g.18gb": 0x233510DE}}
+A30_PCI = 0x20B710DE
+
+
+def pci_for(geometry: MigGeometry) -> int:
+    if geometry.memory_slices == 4:
+        return A30_PCI
+    first = sorted(geometry.profiles, key=lambda p: (p.slices, p.name))[0].name
+    return PCI_OF_MODEL[8][first]
+
+
+def node_of(geometry: MigGeometry, n: int = 8) -> list[GpuFacts]:
+    return [GpuFacts(i, geometry.model, pci_for(geometry), geometry) for i in range(n)]
+
+
+def parse(text: str) -> MigConfigFile:
+    return parse_config(textwrap.dedent(text).lstrip(), "layouts.yaml")
+
+
+def test_default_file_resolves_on_every_model(geometry: MigGeometry) -> None:
+    cfg = load_config(DEFAULT_CONFIG_FILE)
+    standard = ["all-disabled", "all-enabled", "all-1g", "all-2g", "all-4g", "all-balanced"]
+    if geometry.memory_slices == 8:
+        standard += ["all-3g", "all-7g"]
+    for name in standard:
+        targets = resolve(cfg, name, node_of(geometry))
+        assert sorted(targets) == list(range(8)), name
+        assert all(t.mig_enabled == (name != "all-disabled") for t in targets.values())
+
+
+def test_mig_parted_file_is_accepted_unchanged(a100) -> None:
+    cfg = parse(
+        """
+        version: v1
+        mig-configs:
+          custom:
+            - devices: [0, 1]
+              mig-enabled: true
+              mig-devices:
+                "1g.5gb": 2
+                "2g.10gb": 1
+                "3g.20gb": 1
+            - devices: [2]
+              device-filter: "0x20B010DE"
+              mig-enabled: false
+        """
+    )
+    targets = resolve(cfg, "custom", node_of(a100, 4))
+    assert targets == {
+        0: GpuTarget(0, True, {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}),
+        1: GpuTarget(1, True, {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}),
+        2: GpuTarget(2, False, {}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "version: v2\nmig-configs: {}\n",
+            ["layouts.yaml:1: version: unsupported version 'v2'"],
+            id="unknown-version",
+        ),
+        pytest.param(
+            "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
+            "      mig-devics: {}\n",
+            ["layouts.yaml:6: mig-configs.a[0].mig-devics: unknown field"],
+            id="unknown-field-with-line",
+        ),
+        pytest.param(
+            "version: v1\nmig-configs:\n  a:\n    - devices: 0\n      mig-enabled: yes please\n",
+            [
+                "layouts.yaml:4: mig-configs.a[0].devices: expected `all` or a list",
+                "layouts.yaml:5: mig-configs.a[0].mig-enabled: expected true or false",
+            ],
+            id="all-problems-at-once",
+        ),
+        pytest.param(
+            "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n"
+            "      mig-devices: {'1g.5gb': 1}\n",
+            ["layouts.yaml:6: mig-configs.a[0].mig-devices: must be empty when mig-enabled"],
+            id="devices-when-disabled",
+        ),
+        pytest.param(
+            "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
+            "      device-filter: [A100]\n",
+            ["layouts.yaml:6: mig-configs.a[0].device-filter: 'A100' is not a PCI device id"],
+            id="bad-filter",
+        ),
+        pytest.param("mig-configs: [\n", ["layouts.yaml:2: not valid YAML"], id="broken-yaml"),
+    ],
+)
+def test_structural_errors(text: str, expected: list[str]) -> None:
+    with pytest.raises(MigConfigError) as err:
+        parse_config(text, "layouts.yaml")
+    lines = [str(p) for p in err.value.problems]
+    assert len(lines) == len(expected), lines
+    for got, want in zip(lines, expected, strict=True):
+        assert got.startswith(want), got
+
+
+BAD_LAYOUTS = """
+version: v1
+mig-configs:
+  bad:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 2
+        "5g.30gb": 1
+    - devices: [1]
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb+me": 3
+    - devices: [2, 3]
+      mig-enabled: true
+      mig-devices:
+        "4g.20gb": 1
+        "2g.10gb": 2
+    - devices: [9]
+      mig-enabled: false
+    - devices: [3]
+      mig-enabled: false
+"""
+
+
+def test_semantic_errors_all_at_once(a100) -> None:
+    cfg = parse(BAD_LAYOUTS)
+    with pytest.raises(MigConfigError) as err:
+        resolve(cfg, "bad", node_of(a100, 4))
+    text = [str(p) for p in err.value.problems]
+    assert any(
+        t.startswith(
+            "layouts.yaml:8: mig-configs.bad[0].mig-devices.5g.30gb: GPU 0: "
+            "NVIDIA A100-SXM4-40GB offers no profile '5g.30gb' (it offers 7g.40gb,"
+        )
+        for t in text
+    ), text
+    assert any(
+        "layouts.yaml:12: mig-configs.bad[1].mig-devices.1g.5gb+me: GPU 1: 3 x 1g.5gb+me "
+        "asked, at most 1 fit" in t
+        for t in text
+    ), text
+    assert any(
+        "layouts.yaml:15: mig-configs.bad[2].mig-devices: GPU 2,3: no valid placement: "
+        "2g.10gb #2 cannot be placed beside 4g.20gb x1, 2g.10gb x1" in t
+        for t in text
+    ), text
+    assert any("mig-configs.bad[3].devices: no GPU 9 on this node" in t for t in text), text
+    assert any("GPU 3 is already selected by mig-configs.bad[2]" in t for t in text), text
+    assert len(text) == 5
+
+
+def test_unknown_layout_name_lists_names(a100) -> None:
+    cfg = parse(BAD_LAYOUTS)
+    with pytest.raises(MigConfigError, match=r"no layout named 'good' \(the file has: bad\)"):
+        resolve(cfg, "good", node_of(a100))
+
+
+def test_selector_matching_no_gpu(a100) -> None:
+    cfg = parse(
+        """
+        version: v1
+        mig-configs:
+          h100-only:
+            - device-filter: ["0x233010DE"]
+              devices: all
+              mig-enabled: true
+              mig-devices: {"7g.80gb": 1}
+        """
+    )
+    with pytest.raises(
+        MigConfigError, match=r"layouts\.yaml:3: mig-configs\.h100-only: selects no"
+    ):
+        resolve(cfg, "h100-only", node_of(a100))
+
+
+def test_non_mig_gpus_are_skipped_under_all(a100) -> None:
+    gpus = [*node_of(a100, 1), GpuFacts(1, "NVIDIA T4", 0x1EB810DE, None)]
+    cfg = load_config(DEFAULT_CONFIG_FILE)
+    assert list(resolve(cfg, "all-1g", gpus)) == [0]
+
+
+def test_render_round_trips(a100) -> None:
+    targets = [
+        GpuTarget(0, True, {"3g.20gb": 1, "1g.5gb": 2}),
+        GpuTarget(1, False, {}),
+        GpuTarget(2, True, {}),
+    ]
+    cfg = parse_config(render_config("current", targets), "export.yaml")
+    assert resolve(cfg, "current", node_of(a100, 3)) == {t.index: t for t in targets}
+
+
+def test_hooks_file() -> None:
+    hooks = parse_hooks(
+        textwrap.dedent(
+            """
+            version: v1
+            hooks:
+              pre-apply-config:
+                - command: /bin/sh
+                  args: ["-c", "systemctl stop kubelet"]
+                  envs: {A: "1"}
+                  workdir: /tmp
+              apply-exit:
+                - command: /bin/true
+            """
+        )
+    )
+    assert hooks.hooks["pre-apply-config"][0].args == ("-c", "systemctl stop kubelet")
+    assert hooks.hooks["pre-apply-config"][0].envs == {"A": "1"}
+    assert hooks.hooks["apply-exit"][0].command == "/bin/true"
+
+
+def test_hooks_errors() -> None:
+    with pytest.raises(MigConfigError) as err:
+        parse_hooks(
+            "version: v1\nhooks:\n  before-apply:\n    - command: x\n  apply-exit:\n"
+            "    - args: [1]\n",
+            "hooks.yaml",
+        )
+    text = [str(p) for p in err.value.problems]
+    assert text[0].startswith(
+        "hooks.yaml:3: hooks.before-apply: unknown field (allowed: apply-start"
+    )
+    assert text[1] == "hooks.yaml:6: hooks.apply-exit[0].command: missing"
