@@ -30,7 +30,9 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         pytest.param(dp.DevicePluginOptions, "get_preferred_allocation_available", 2, id="opts"),
         pytest.param(dp.Device, "topology", 3, id="device-topology"),
         pytest.param(dp.ContainerPreferredAllocationRequest, "allocation_size", 3, id="size"),
-        pytest.param(dp.ContainerPreferredAllocationRequest, "must_include_deviceIDs", 2, id="must"),
+        pytest.param(
+            dp.ContainerPreferredAllocationRequest, "must_include_deviceIDs", 2, id="must"
+        ),
         pytest.param(dp.ContainerAllocateResponse, "cdi_devices", 5, id="cdi"),
         pytest.param(dp.ContainerAllocateResponse, "annotations", 4, id="annotations"),
         pytest.param(dp.DeviceSpec, "permissions", 3, id="devspec"),
