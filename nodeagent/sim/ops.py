@@ -1,0 +1,470 @@
+"""State transitions of the simulated node: MIG, processes, resets and faults.
+
+Every function works on a state dict (see :mod:`nodeagent.sim.state`) inside a locked
+``StateStore.mutate`` and raises ``pynvml.NVMLError(code)`` with the code the driver would
+return, so the NVML surface and the control API share one set of rules.
+
+GPU-instance placement without an explicit placement (``nvmlDeviceCreateGpuInstance``) follows
+this documented heuristic, which reproduces every example in NVIDIA's MIG user guide:
+
+* a one-slice profile (1g, 1g+me) takes its last legal slot (slot 6 on 8-slice parts) if
+  free, else the lowest free slot;
+* every other profile takes its highest free legal placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from nodeagent.sim import models, presets, telemetry
+from nodeagent.sim.state import State, append_event
+
+Gpu = dict[str, Any]
+NO_ID = 0xFFFFFFFF  # what NVML reports for gpuInstanceId/computeInstanceId outside MIG
+
+# XIDs the simulator emits alongside faults (NVIDIA XID catalog).
+XID_DBE = 48  # double-bit ECC error
+XID_REMAP_PENDING = 63  # row-remapping event recorded
+XID_REMAP_FAILURE = 64  # row-remapping failure
+XID_NVLINK = 74  # NVLink error
+XID_FALLEN_OFF_BUS = 79  # GPU has fallen off the bus
+
+FAULT_KINDS = (
+    "xid",
+    "ecc-sbe",
+    "ecc-dbe",
+    "remap-pending",
+    "remap-failure",
+    "thermal",
+    "nvlink-down",
+    "lost",
+    "driver",
+)
+
+
+def err(code: int) -> pynvml.NVMLError:
+    """The pynvml exception for ``code`` (its subclass, e.g. ``NVMLError_InUse``)."""
+    return pynvml.NVMLError(code)
+
+
+def gpu_model(gpu: Gpu) -> models.GpuModel:
+    """The catalog entry of a GPU in the state."""
+    return models.MODELS[gpu["model"]]
+
+
+def get_gpu(state: State, index: int) -> Gpu:
+    """GPU ``index`` of the state. Raises INVALID_ARGUMENT when out of range."""
+    gpus: list[Gpu] = state["gpus"]
+    if not 0 <= index < len(gpus):
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return gpus[index]
+
+
+def next_serial(state: State) -> int:
+    """A new creation serial (stale-handle detection, MIG UUIDs)."""
+    serial = int(state["next_serial"])
+    state["next_serial"] = serial + 1
+    return serial
+
+
+def processes_on(state: State, index: int, gi: int | None = None) -> list[dict[str, Any]]:
+    """Processes on GPU ``index`` (optionally only those on GPU instance ``gi``)."""
+    return [p for p in state["processes"] if p["gpu"] == index and (gi is None or p["gi"] == gi)]
+
+
+# --- MIG mode and reset ---------------------------------------------------------------------
+
+
+def require_mig_capable(gpu: Gpu) -> models.GpuModel:
+    """The GPU's model; NOT_SUPPORTED when it has no MIG."""
+    model = gpu_model(gpu)
+    if not model.mig_capable:
+        raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return model
+
+
+def require_mig_enabled(gpu: Gpu) -> models.GpuModel:
+    """The GPU's model; NOT_SUPPORTED unless MIG is capable and currently enabled."""
+    model = require_mig_capable(gpu)
+    if not gpu["mig"]["current"]:
+        raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return model
+
+
+def set_mig_mode(state: State, index: int, mode: int) -> int:
+    """Set the pending MIG mode; return the activation status NVML would report.
+
+    The mode becomes current only at a GPU reset (``reset_gpu``). The status is IN_USE while
+    processes run on the GPU (the driver could not unbind it), else SUCCESS.
+    """
+    gpu = get_gpu(state, index)
+    require_mig_capable(gpu)
+    if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    gpu["mig"]["pending"] = mode
+    if processes_on(state, index):
+        return int(pynvml.NVML_ERROR_IN_USE)
+    return int(pynvml.NVML_SUCCESS)
+
+
+def reset_gpu(state: State, index: int, now: float) -> None:
+    """What ``nvidia-smi -r`` does: apply the pending MIG mode and wipe all instances.
+
+    Raises IN_USE while processes run, GPU_IS_LOST on a lost GPU.
+    """
+    gpu = get_gpu(state, index)
+    if gpu["faults"]["lost"]:
+        raise err(pynvml.NVML_ERROR_GPU_IS_LOST)
+    if processes_on(state, index):
+        raise err(pynvml.NVML_ERROR_IN_USE)
+    gpu["mig"]["current"] = gpu["mig"]["pending"]
+    gpu["instances"] = []
+    # A reset resolves pending row remaps and page retirements and clears volatile ECC counts.
+    gpu["remap"]["pending"] = 0
+    gpu["retired"]["pending"] = 0
+    gpu["ecc"]["sbe_vol"] = 0
+    gpu["ecc"]["dbe_vol"] = 0
+    checkpoint_energy(state, index, now)
+
+
+# --- GPU instances --------------------------------------------------------------------------
+
+
+def _overlaps(a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
+    return a_start < b_start + b_size and b_start < a_start + a_size
+
+
+def _free(gpu: Gpu, start: int, size: int) -> bool:
+    return not any(_overlaps(start, size, gi["start"], gi["size"]) for gi in gpu["instances"])
+
+
+def remaining_capacity(gpu: Gpu, profile: models.GiProfile) -> int:
+    """How many more instances of ``profile`` fit now (placement, count and SM limits)."""
+    model = gpu_model(gpu)
+    existing = sum(1 for gi in gpu["instances"] if gi["profile_id"] == profile.profile_id)
+    used_compute = sum(
+        p.compute_slices
+        for gi in gpu["instances"]
+        if (p := model.profile_by_id(gi["profile_id"])) is not None
+    )
+    by_compute = (model.max_mig_devices - used_compute) // profile.compute_slices
+    fitting = 0
+    taken: list[tuple[int, int]] = []
+    for start in profile.starts:  # greedy from the left is optimal for aligned equal sizes
+        if _free(gpu, start, profile.slices) and not any(
+            _overlaps(start, profile.slices, s, n) for s, n in taken
+        ):
+            taken.append((start, profile.slices))
+            fitting += 1
+    return max(0, min(fitting, profile.max_count - existing, by_compute))
+
+
+def pick_placement(gpu: Gpu, profile: models.GiProfile) -> int | None:
+    """The start ``nvmlDeviceCreateGpuInstance`` picks (module docstring), or ``None``."""
+    free = [s for s in profile.starts if _free(gpu, s, profile.slices)]
+    if not free:
+        return None
+    if profile.slices == 1:
+        return profile.starts[-1] if profile.starts[-1] in free else free[0]
+    return free[-1]
+
+
+def create_gpu_instance(
+    state: State, index: int, profile_id: int, start: int | None, size: int | None = None
+) -> dict[str, Any]:
+    """Create a GPU instance; ``start=None`` lets the placement heuristic choose.
+
+    Raises NOT_SUPPORTED (no MIG), INVALID_ARGUMENT (unknown profile, illegal placement),
+    INSUFFICIENT_RESOURCES (overlap, or the profile's capacity is used up).
+    """
+    gpu = get_gpu(state, index)
+    model = require_mig_enabled(gpu)
+    profile = model.profile_by_id(profile_id)
+    if profile is None:
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if start is not None and (start not in profile.starts or size != profile.slices):
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if remaining_capacity(gpu, profile) == 0:
+        raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    if start is None:
+        start = pick_placement(gpu, profile)
+        if start is None:
+            raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    elif not _free(gpu, start, profile.slices):
+        raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    gi = {
+        "id": models.gi_instance_id(model.memory_slices, start, profile.slices),
+        "profile_id": profile.profile_id,
+        "start": start,
+        "size": profile.slices,
+        "serial": next_serial(state),
+        "cis": [],
+    }
+    gpu["instances"].append(gi)
+    gpu["instances"].sort(key=lambda g: g["id"])
+    return gi
+
+
+def find_gi(gpu: Gpu, gi_id: int) -> dict[str, Any] | None:
+    """The GPU instance with this ID, or ``None``."""
+    for gi in gpu["instances"]:
+        if gi["id"] == gi_id:
+            found: dict[str, Any] = gi
+            return found
+    return None
+
+
+def destroy_gpu_instance(state: State, index: int, gi_id: int) -> None:
+    """Destroy a GPU instance. IN_USE while it has compute instances or processes."""
+    gpu = get_gpu(state, index)
+    require_mig_enabled(gpu)
+    gi = find_gi(gpu, gi_id)
+    if gi is None:
+        raise err(pynvml.NVML_ERROR_NOT_FOUND)
+    if gi["cis"] or processes_on(state, index, gi_id):
+        raise err(pynvml.NVML_ERROR_IN_USE)
+    gpu["instances"].remove(gi)
+
+
+# --- compute instances ----------------------------------------------------------------------
+
+
+def gi_profile_of(gpu: Gpu, gi: dict[str, Any]) -> models.GiProfile:
+    """The GI profile of a stored GPU instance."""
+    profile = gpu_model(gpu).profile_by_id(gi["profile_id"])
+    assert profile is not None  # stored instances always name a catalog profile
+    return profile
+
+
+def ci_remaining_capacity(gi: dict[str, Any], gip: models.GiProfile, ci: models.CiProfile) -> int:
+    """How many more CIs of ``ci`` fit in the GI now."""
+    existing = sum(1 for c in gi["cis"] if c["profile_id"] == ci.profile_id)
+    used: int = sum(c["size"] for c in gi["cis"])
+    fitting = sum(
+        1
+        for s in ci.starts
+        if not any(_overlaps(s, ci.slices, c["start"], c["size"]) for c in gi["cis"])
+    )
+    return max(0, min(fitting, ci.max_count - existing, (gip.compute_slices - used) // ci.slices))
+
+
+def create_compute_instance(
+    state: State, index: int, gi_id: int, ci_profile_id: int, start: int | None
+) -> dict[str, Any]:
+    """Create a compute instance in GI ``gi_id`` (lowest free slot unless ``start`` is given)."""
+    gpu = get_gpu(state, index)
+    require_mig_enabled(gpu)
+    gi = find_gi(gpu, gi_id)
+    if gi is None:
+        raise err(pynvml.NVML_ERROR_NOT_FOUND)
+    gip = gi_profile_of(gpu, gi)
+    cip = models.ci_profile(gip, ci_profile_id)
+    if cip is None:
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if start is not None and start not in cip.starts:
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if ci_remaining_capacity(gi, gip, cip) == 0:
+        raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    free = [
+        s
+        for s in cip.starts
+        if not any(_overlaps(s, cip.slices, c["start"], c["size"]) for c in gi["cis"])
+    ]
+    if start is None:
+        start = free[0] if free else None
+    if start is None or start not in free:
+        raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    used_ids = {c["id"] for c in gi["cis"]}
+    ci_id = next(i for i in range(len(used_ids) + 1) if i not in used_ids)
+    serial = next_serial(state)
+    ci = {
+        "id": ci_id,
+        "profile_id": cip.profile_id,
+        "start": start,
+        "size": cip.slices,
+        "serial": serial,
+        "uuid": presets.mig_uuid(gpu["uuid"], serial),
+    }
+    gi["cis"].append(ci)
+    gi["cis"].sort(key=lambda c: c["id"])
+    return ci
+
+
+def destroy_compute_instance(state: State, index: int, gi_id: int, ci_id: int) -> None:
+    """Destroy a compute instance. IN_USE while processes run on it."""
+    gpu = get_gpu(state, index)
+    require_mig_enabled(gpu)
+    gi = find_gi(gpu, gi_id)
+    ci = None if gi is None else next((c for c in gi["cis"] if c["id"] == ci_id), None)
+    if gi is None or ci is None:
+        raise err(pynvml.NVML_ERROR_NOT_FOUND)
+    if any(p["ci"] == ci_id for p in processes_on(state, index, gi_id)):
+        raise err(pynvml.NVML_ERROR_IN_USE)
+    gi["cis"].remove(ci)
+
+
+def mig_devices(gpu: Gpu) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(GI, CI) pairs in MIG-device index order: by GI ID, then CI ID."""
+    return [(gi, ci) for gi in gpu["instances"] for ci in gi["cis"]]
+
+
+def find_mig_uuid(state: State, mig_uuid: str) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """(GPU index, GI, CI) of a MIG device UUID. Raises NOT_FOUND."""
+    for gpu in state["gpus"]:
+        for gi, ci in mig_devices(gpu):
+            if ci["uuid"] == mig_uuid:
+                return gpu["index"], gi, ci
+    raise err(pynvml.NVML_ERROR_NOT_FOUND)
+
+
+# --- processes and energy -------------------------------------------------------------------
+
+
+def checkpoint_energy(state: State, index: int, now: float) -> None:
+    """Fold the energy used so far into the GPU's checkpoint before its load changes."""
+    gpu = get_gpu(state, index)
+    gpu["energy"] = {"t": now, "mj": telemetry.energy_mj(gpu, processes_on(state, index), now)}
+
+
+def add_process(
+    state: State,
+    index: int,
+    mig_uuid: str | None,
+    used_memory_mib: int,
+    load: float | None,
+    now: float,
+) -> int:
+    """Attach a fake process to a GPU or MIG device; return its PID."""
+    gpu = get_gpu(state, index)
+    gi_id = ci_id = None
+    if mig_uuid is not None:
+        owner, gi, ci = find_mig_uuid(state, mig_uuid)
+        if owner != index:
+            raise err(pynvml.NVML_ERROR_NOT_FOUND)
+        gi_id, ci_id = gi["id"], ci["id"]
+    elif gpu["mig"]["current"]:
+        # With MIG on, CUDA sees only MIG devices: a process must name one.
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    checkpoint_energy(state, index, now)
+    pid = int(state["next_pid"])
+    state["next_pid"] = pid + 1
+    state["processes"].append(
+        {
+            "pid": pid,
+            "gpu": index,
+            "gi": gi_id,
+            "ci": ci_id,
+            "mem_mib": int(used_memory_mib),
+            "load": load,
+            "started_s": now,
+        }
+    )
+    return pid
+
+
+def remove_process(state: State, pid: int, now: float) -> None:
+    """Detach a fake process. Raises NOT_FOUND for an unknown PID."""
+    for proc in state["processes"]:
+        if proc["pid"] == pid:
+            checkpoint_energy(state, proc["gpu"], now)
+            state["processes"].remove(proc)
+            return
+    raise err(pynvml.NVML_ERROR_NOT_FOUND)
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+def _event(
+    state: State, index: int, event_type: int, data: int, now: float, gi: int = NO_ID,
+    ci: int = NO_ID,
+) -> None:  # fmt: skip
+    append_event(
+        state, {"gpu": index, "type": event_type, "data": data, "gi": gi, "ci": ci, "t": now}
+    )
+
+
+def inject(
+    state: State,
+    kind: str,
+    index: int,
+    now: float,
+    mig_uuid: str | None = None,
+    code: int | None = None,
+    version: str | None = None,
+) -> None:
+    """Inject a fault into GPU ``index`` (kinds in ``FAULT_KINDS``; see docs/simulator.md).
+
+    Raises ValueError for a kind that needs an argument it did not get; NVMLError for an
+    unknown MIG UUID or a GPU without the feature.
+    """
+    gpu = get_gpu(state, index)
+    model = gpu_model(gpu)
+    xid_type = pynvml.nvmlEventTypeXidCriticalError
+    if kind == "xid":
+        if code is None:
+            raise ValueError("fault 'xid' needs an XID code")
+        gi_id = ci_id = NO_ID
+        if mig_uuid is not None:
+            owner, gi, ci = find_mig_uuid(state, mig_uuid)
+            if owner != index:
+                raise err(pynvml.NVML_ERROR_NOT_FOUND)
+            gi_id, ci_id = gi["id"], ci["id"]
+        _event(state, index, xid_type, code, now, gi_id, ci_id)
+    elif kind == "ecc-sbe":
+        gpu["ecc"]["sbe_vol"] += 1
+        gpu["ecc"]["sbe_agg"] += 1
+        _event(state, index, pynvml.nvmlEventTypeSingleBitEccError, 0, now)
+    elif kind == "ecc-dbe":
+        gpu["ecc"]["dbe_vol"] += 1
+        gpu["ecc"]["dbe_agg"] += 1
+        if model.row_remapping:
+            gpu["remap"]["unc"] += 1
+            gpu["remap"]["pending"] = 1
+        else:
+            # Turing retires the page; the address is made up but distinct per error.
+            gpu["retired"]["dbe"].append(0x1000 * (len(gpu["retired"]["dbe"]) + 1) + index)
+            gpu["retired"]["pending"] = 1
+        _event(state, index, pynvml.nvmlEventTypeDoubleBitEccError, 0, now)
+        _event(state, index, xid_type, XID_DBE, now)
+    elif kind in ("remap-pending", "remap-failure"):
+        if not model.row_remapping:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if kind == "remap-pending":
+            gpu["remap"]["pending"] = 1
+            _event(state, index, xid_type, XID_REMAP_PENDING, now)
+        else:
+            gpu["remap"]["failure"] = 1
+            _event(state, index, xid_type, XID_REMAP_FAILURE, now)
+    elif kind == "thermal":
+        gpu["faults"]["thermal"] = True
+    elif kind == "nvlink-down":
+        if not gpu["nvlinks"]:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        link = 0 if code is None else code
+        if not 0 <= link < len(gpu["nvlinks"]):
+            raise ValueError(f"GPU {index} has NVLinks 0..{len(gpu['nvlinks']) - 1}, not {link}")
+        if link not in gpu["faults"]["nvlink_down"]:
+            gpu["faults"]["nvlink_down"].append(link)
+        gpu["nvlink_errors"] += 1
+        _event(state, index, xid_type, XID_NVLINK, now)
+    elif kind == "lost":
+        gpu["faults"]["lost"] = True
+        _event(state, index, xid_type, XID_FALLEN_OFF_BUS, now)
+    elif kind == "driver":
+        if not version:
+            raise ValueError("fault 'driver' needs a version, e.g. 570.172.08")
+        state["driver_version"] = version
+    else:
+        raise ValueError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}")
+
+
+def clear(state: State, index: int) -> None:
+    """End GPU ``index``'s faults. Cumulative counters (ECC, remapped rows, pages) stay."""
+    gpu = get_gpu(state, index)
+    gpu["faults"] = {"lost": False, "thermal": False, "nvlink_down": []}
+    gpu["remap"]["pending"] = 0
+    gpu["remap"]["failure"] = 0
+    gpu["retired"]["pending"] = 0

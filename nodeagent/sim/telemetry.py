@@ -1,0 +1,145 @@
+"""Telemetry of a simulated GPU as closed-form functions of time.
+
+Nothing here writes state: utilization, power, temperature and clocks are smooth functions of
+the wall clock (a slow sine with a per-GPU phase and period derived from the UUID) plus the load
+of the processes attached to the GPU. Energy is the exact integral of that power curve since the
+GPU's last checkpoint, so it is monotonic and consistent with the power readings. A checkpoint
+is written only when the load changes (a process is added or removed, or the GPU is reset).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from nodeagent.sim import models
+
+FULL_GPU_LOAD = 0.8  # utilization share of a process that owns a whole GPU (0..1)
+IDLE_MEMORY_MIB = 4  # driver-reserved memory nvidia-smi shows as used on an idle GPU
+IDLE_SM_CLOCK_MHZ = 210  # SM clock of an idle datacenter GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Wave:
+    """A GPU's private sine: angular frequency (rad/s) and phase (rad)."""
+
+    omega: float
+    phase: float
+
+
+_WAVES: dict[str, Wave] = {}
+
+
+def wave(uuid: str) -> Wave:
+    """The per-GPU wave, seeded from the UUID so it is the same in every process."""
+    cached = _WAVES.get(uuid)
+    if cached is None:
+        digest = hashlib.sha256(uuid.encode()).digest()
+        period_s = 180.0 + digest[0] % 120  # three to five minutes
+        phase = digest[1] / 256.0 * 2.0 * math.pi
+        cached = _WAVES[uuid] = Wave(2.0 * math.pi / period_s, phase)
+    return cached
+
+
+def load(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> float:
+    """The GPU's load (0..1): each process adds its own share, or a share of its MIG slice."""
+    model = models.MODELS[gpu["model"]]
+    total = 0.0
+    for proc in procs:
+        if proc.get("load") is not None:
+            total += float(proc["load"])
+            continue
+        share = FULL_GPU_LOAD
+        if proc["gi"] is not None:
+            profile = _gi_profile(gpu, model, proc["gi"])
+            if profile is not None:
+                share *= profile.compute_slices / model.max_mig_devices
+        total += share
+    return min(1.0, total)
+
+
+def _gi_profile(gpu: dict[str, Any], model: models.GpuModel, gi_id: int) -> models.GiProfile | None:
+    for gi in gpu["instances"]:
+        if gi["id"] == gi_id:
+            return model.profile_by_id(gi["profile_id"])
+    return None
+
+
+def _power_terms(model: models.GpuModel, level: float) -> tuple[float, float]:
+    """Mean and amplitude (W) of the power curve at load ``level``; mean > amplitude always."""
+    mean = model.idle_power_w + (0.85 * model.power_limit_w - model.idle_power_w) * level
+    amplitude = 0.02 * model.power_limit_w + 0.08 * model.power_limit_w * level
+    return mean, min(amplitude, 0.5 * mean)
+
+
+def power_w(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> float:
+    """Power draw in watts at time ``now``."""
+    model = models.MODELS[gpu["model"]]
+    w = wave(gpu["uuid"])
+    mean, amplitude = _power_terms(model, load(gpu, procs))
+    return mean + amplitude * math.sin(w.omega * now + w.phase)
+
+
+def energy_mj(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> int:
+    """Energy in millijoules since driver load: the checkpoint plus the integral of power."""
+    model = models.MODELS[gpu["model"]]
+    w = wave(gpu["uuid"])
+    t0 = float(gpu["energy"]["t"])
+    base = int(gpu["energy"]["mj"])
+    if now <= t0:
+        return base
+    mean, amplitude = _power_terms(model, load(gpu, procs))
+    joules = mean * (now - t0) - amplitude / w.omega * (
+        math.cos(w.omega * now + w.phase) - math.cos(w.omega * t0 + w.phase)
+    )
+    return base + int(joules * 1000.0)
+
+
+def utilization(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> tuple[int, int]:
+    """(GPU %, memory %) utilization; 0 when idle."""
+    level = load(gpu, procs)
+    if level <= 0.0:
+        return 0, 0
+    w = wave(gpu["uuid"])
+    gpu_pct = 100.0 * level * (0.9 + 0.1 * math.sin(w.omega * now + w.phase))
+    return round(gpu_pct), round(gpu_pct * 0.6)
+
+
+def temperature_c(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> int:
+    """GPU temperature in Celsius: follows power; above slowdown under a thermal fault."""
+    model = models.MODELS[gpu["model"]]
+    if gpu["faults"]["thermal"]:
+        return model.slowdown_c + 3
+    span = model.power_limit_w - model.idle_power_w
+    heat = (power_w(gpu, procs, now) - model.idle_power_w) / span
+    idle_c = 30 + int(wave(gpu["uuid"]).phase) % 5
+    return round(idle_c + 45.0 * max(0.0, heat))
+
+
+def clocks_mhz(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> tuple[int, int]:
+    """(SM clock, memory clock) in MHz."""
+    model = models.MODELS[gpu["model"]]
+    level = load(gpu, procs)
+    if gpu["faults"]["thermal"]:
+        sm = int(model.max_sm_clock_mhz * 0.6)
+    elif level <= 0.0:
+        sm = IDLE_SM_CLOCK_MHZ
+    else:
+        w = wave(gpu["uuid"])
+        sm = int(model.max_sm_clock_mhz * (0.97 + 0.03 * math.sin(w.omega * now + w.phase)))
+    return sm, model.max_mem_clock_mhz
+
+
+def clock_event_reasons(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> int:
+    """NVML clock-event reason bitmask."""
+    if gpu["faults"]["thermal"]:
+        return int(
+            pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+        )
+    if load(gpu, procs) <= 0.0:
+        return int(pynvml.nvmlClocksEventReasonGpuIdle)
+    return int(pynvml.nvmlClocksEventReasonNone)
