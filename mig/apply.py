@@ -1,0 +1,588 @@
+"""Apply a MIG layout to the node through :class:`nodeagent.gpu.node.GpuNode`, crash-safely.
+
+Order of work (each numbered item is skipped when there is nothing to do):
+
+1. resolve the layout against the node and plan every GPU (read-only; invalid input or a plan
+   blocked by a busy instance stops here, before anything changes);
+2. write the *intent file* atomically (temp file, fsync, rename, fsync of the directory);
+3. hooks ``apply-start``; then ``pre-apply-mode`` and the MIG mode changes: instances on GPUs
+   being disabled are destroyed, the mode is requested, and a pending mode is made current by a
+   reset only with ``allow_reset`` and no processes (else the GPU is reported "reset required");
+4. ``pre-apply-config``; per GPU, compute instances are destroyed before their GPU instance,
+   then new GPU instances are created at the planned placements;
+5. verify against the target; remove the intent file; ``apply-exit`` always runs.
+
+Crash safety comes from planning against what the GPU holds *now*: after a crash at any step
+the next run re-reads the GPUs, keeps every instance that already matches the target (including
+ones the crashed run created), destroys the rest and creates what is missing, so nothing leaks
+and nothing is created twice. A GPU instance left without compute instances (a crash between
+the two destroy calls, or inside a create) is half-made and is always destroyed.
+
+If a step fails, the GPU is rolled back: instances created by this run are destroyed and the
+idle instances it destroyed are recreated at their old placements; the report then says exactly
+what each GPU holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
+from mig.planner import (
+    GpuPlan,
+    Instance,
+    NewInstance,
+    PlanError,
+    creatable,
+    fragmentation_ratio,
+    plan_gpu,
+)
+from nodeagent.gpu.errors import GpuError
+from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.types import GpuInstance, MigGeometry
+
+INTENT_FILE = "mig-intent.json"
+# Test hook: SIGKILL this process right before the Nth mutating NVML step (1-based). Crash
+# tests set it in a child process; it is read once per apply and does nothing when unset.
+ENV_KILL_AT_STEP = "NODEAGENT_MIG_KILL_AT_STEP"
+
+StepHook = Callable[[int, str], None]
+
+
+@dataclass
+class GpuReport:
+    """What happened (or, in a dry run, would happen) on one GPU."""
+
+    index: int
+    model: str
+    mig_enabled: bool  # the mode in effect at the end
+    target_enabled: bool
+    kept: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    mode_change: str | None = None  # "enable" / "disable" when requested
+    reset_required: str | None = None  # why the mode change still waits for a reset
+    errors: list[str] = field(default_factory=list)
+    holds: list[str] = field(default_factory=list)  # the instances on the GPU at the end
+    creatable: dict[str, int] = field(default_factory=dict)
+    fragmentation: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was (or would be) changed on this GPU."""
+        return bool(self.destroyed or self.created or self.mode_change)
+
+
+@dataclass
+class ApplyReport:
+    """The outcome of one apply, per GPU."""
+
+    config: str
+    gpus: list[GpuReport]
+    dry_run: bool = False
+    resumed_from: str | None = None  # the layout an interrupted earlier apply was applying
+    errors: list[str] = field(default_factory=list)  # node-wide problems (blocked, hooks)
+    mutating_steps: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """No errors and no GPU waiting for a reset: the node holds the target."""
+        return not self.errors and all(not g.errors and g.reset_required is None for g in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+
+@dataclass
+class _GpuWork:
+    """The prepared change for one GPU."""
+
+    index: int
+    model: str
+    geometry: MigGeometry
+    target: GpuTarget
+    current: bool
+    pending: bool
+    before: tuple[Instance, ...]
+    halfmade: tuple[Instance, ...]
+    plan: GpuPlan | None  # None when the target is MIG off, or MIG must first come on
+    error: str | None = None
+    blocking: tuple[Instance, ...] = ()
+
+    @property
+    def mode_change(self) -> bool:
+        return self.target.mig_enabled != self.current
+
+
+@dataclass
+class Prepared:
+    """A read-only preview of an apply: one entry per selected GPU."""
+
+    config: str
+    work: list[_GpuWork]
+
+    @property
+    def destroys(self) -> list[str]:
+        """Every instance the apply would destroy, as ``GPU n: label``."""
+        out = []
+        for w in self.work:
+            gone = list(w.halfmade)
+            if w.plan is not None:
+                gone += list(w.plan.destroy)
+            elif not w.target.mig_enabled or w.mode_change:
+                gone += list(w.before)
+            out += [f"GPU {w.index}: {i.label}" + (" (busy)" if i.busy else "") for i in gone]
+        return out
+
+
+def _split(instances: Sequence[GpuInstance]) -> tuple[tuple[Instance, ...], tuple[Instance, ...]]:
+    """(whole instances, half-made ones without compute instances)."""
+    whole = tuple(Instance.of(g) for g in instances if g.compute_instances)
+    half = tuple(Instance.of(g) for g in instances if not g.compute_instances)
+    return whole, half
+
+
+def prepare(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
+    """Resolve the layout and plan every selected GPU; changes nothing.
+
+    Raises:
+        MigConfigError: the layout is invalid for this node (every problem listed).
+    """
+    targets = resolve(cfg, name, gpu_facts(node))
+    work = []
+    for index, target in sorted(targets.items()):
+        info = node.info(index)
+        geometry = node.mig_geometry(index)
+        assert geometry is not None  # resolve() only targets MIG-capable GPUs
+        whole, half = _split(node.mig_instances(index) if info.mig_enabled else ())
+        w = _GpuWork(
+            index,
+            info.name,
+            geometry,
+            target,
+            info.mig_enabled,
+            info.mig_pending,
+            whole,
+            half,
+            None,
+        )
+        try:
+            if target.mig_enabled and info.mig_enabled:
+                w.plan = plan_gpu(geometry, whole, target.devices, force=force)
+            elif target.mig_enabled:
+                w.plan = plan_gpu(geometry, (), target.devices, force=force)
+            elif not force and any(i.busy for i in whole):
+                busy = tuple(i for i in whole if i.busy)
+                raise PlanError(
+                    "disabling MIG destroys busy instance(s) " + ", ".join(i.label for i in busy),
+                    busy,
+                )
+        except PlanError as exc:
+            w.error = exc.reason
+            w.blocking = exc.blocking
+        work.append(w)
+    return Prepared(name, work)
+
+
+# --- intent file ---------------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def read_intent(state_dir: Path) -> dict[str, Any] | None:
+    """The intent of an apply that did not finish, or ``None``."""
+    try:
+        data = json.loads((state_dir / INTENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _intent(prepared: Prepared, cfg: MigConfigFile) -> dict[str, Any]:
+    def layout(items: Sequence[Instance | NewInstance]) -> list[dict[str, Any]]:
+        return [
+            {"profile": i.profile, "start": i.placement.start, "size": i.placement.size}
+            for i in items
+        ]
+
+    return {
+        "version": "v1",
+        "config_file": cfg.path,
+        "config": prepared.config,
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "gpus": [
+            {
+                "index": w.index,
+                "mig_enabled": w.target.mig_enabled,
+                "before": layout(w.before),
+                "after": layout(w.plan.layout_after()) if w.plan else [],
+            }
+            for w in prepared.work
+        ],
+    }
+
+
+# --- hooks ---------------------------------------------------------------------------------------
+
+
+def _run_hooks(hooks: HooksFile | None, name: str, env: Mapping[str, str]) -> str | None:
+    """Run the commands of one hook in order; the first failure is returned as text."""
+    if hooks is None:
+        return None
+    for hook in hooks.hooks.get(name, ()):
+        full_env = {**os.environ, **env, **hook.envs}
+        try:
+            result = subprocess.run(
+                [hook.command, *hook.args],
+                env=full_env,
+                cwd=hook.workdir or None,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except OSError as exc:
+            return f"hook {name}: cannot run {hook.command}: {exc.strerror}"
+        if result.returncode != 0:
+            tail = " ".join((result.stderr or result.stdout).split())[-200:]
+            return f"hook {name}: {hook.command} exited {result.returncode}: {tail}"
+    return None
+
+
+# --- execution -------------------------------------------------------------------------------
+
+
+class _Steps:
+    """Counts mutating calls and fires the crash-test hook before each."""
+
+    def __init__(self, on_step: StepHook | None) -> None:
+        self.count = 0
+        self.on_step = on_step
+        raw = os.environ.get(ENV_KILL_AT_STEP, "")
+        self.kill_at = int(raw) if raw.isdigit() else None
+
+    def __call__(self, what: str) -> None:
+        self.count += 1
+        if self.on_step is not None:
+            self.on_step(self.count, what)
+        if self.kill_at == self.count:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _destroy(node: GpuNode, index: int, gi: GpuInstance, step: _Steps) -> None:
+    """Compute instances first, then the GPU instance (NVML refuses the GI while CIs exist)."""
+    for ci in gi.compute_instances:
+        step(f"GPU {index}: destroy compute instance {ci.instance_id} of GI {gi.instance_id}")
+        node.destroy_compute_instance(index, gi.instance_id, ci.instance_id)
+    step(f"GPU {index}: destroy GPU instance {gi.instance_id} ({gi.profile})")
+    node.destroy_gpu_instance(index, gi.instance_id)
+
+
+def _label(gi: GpuInstance | Instance | NewInstance) -> str:
+    return f"{gi.profile}@{gi.placement.start}:{gi.placement.size}"
+
+
+def _find(node: GpuNode, index: int, item: Instance | NewInstance) -> GpuInstance | None:
+    for gi in node.mig_instances(index):
+        if gi.profile == item.profile and gi.placement == item.placement:
+            return gi
+    return None
+
+
+def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
+    """Fill in what the GPU holds now, its capacity, and check it against the target."""
+    try:
+        info = node.info(w.index)
+        r.mig_enabled = info.mig_enabled
+        now = node.mig_instances(w.index) if info.mig_enabled else ()
+    except GpuError as exc:
+        r.errors.append(f"cannot read the GPU back: {exc}")
+        return
+    r.holds = [_label(g) for g in now]
+    if info.mig_enabled:
+        r.creatable = creatable(w.geometry, now)
+        r.fragmentation = fragmentation_ratio(w.geometry, now)
+    if r.reset_required is None and not r.errors:
+        want = Counter(w.target.devices) if w.target.mig_enabled else Counter()
+        have = Counter(g.profile for g in now if g.compute_instances)
+        if info.mig_enabled != w.target.mig_enabled or want != have:
+            r.errors.append(
+                "verification failed: GPU holds "
+                + (", ".join(r.holds) or "nothing")
+                + f" with MIG {'on' if info.mig_enabled else 'off'}"
+            )
+
+
+def _rollback(
+    node: GpuNode,
+    index: int,
+    created: list[NewInstance],
+    destroyed: list[Instance],
+    step: _Steps,
+) -> str:
+    """Undo this run's changes on one GPU as far as possible; returns what was done."""
+    notes = []
+    for item in reversed(created):
+        gi = _find(node, index, item)
+        if gi is not None:
+            try:
+                _destroy(node, index, gi, step)
+                notes.append(f"removed {item.label}")
+            except GpuError as exc:
+                notes.append(f"could not remove {item.label}: {exc}")
+    for old in destroyed:
+        try:
+            step(f"GPU {index}: recreate {old.label}")
+            node.create_gpu_instance(index, old.profile, old.placement)
+            notes.append(f"restored {old.label}")
+        except GpuError as exc:
+            notes.append(f"could not restore {old.label}: {exc}")
+    return "; ".join(notes) or "nothing to undo"
+
+
+def _apply_mode(
+    node: GpuNode, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
+) -> bool:
+    """Bring the GPU's MIG mode to the target; True when it is in effect now."""
+    index = w.index
+    if not w.target.mig_enabled:
+        for gi in node.mig_instances(index) if w.current else ():
+            if gi.busy and not force:
+                r.errors.append(f"{_label(gi)} is busy; not destroyed (use force)")
+                return False
+            _destroy(node, index, gi, step)
+            r.destroyed.append(_label(gi))
+    r.mode_change = "enable" if w.target.mig_enabled else "disable"
+    info = node.info(index)
+    reason = None
+    if info.mig_pending != w.target.mig_enabled:
+        step(f"GPU {index}: set MIG mode {r.mode_change}")
+        change = node.set_mig_mode(index, w.target.mig_enabled)
+        if not change.reset_required and change.current == w.target.mig_enabled:
+            return True
+        reason = change.reason
+    if allow_reset:
+        procs = [p for p in node.telemetry(index).processes]
+        if procs:
+            pids = ", ".join(str(p.pid) for p in procs)
+            r.reset_required = f"reset required: processes {pids} run on the GPU; stop them"
+            return False
+        step(f"GPU {index}: reset")
+        node.reset_gpu(index)
+        return node.info(index).mig_enabled == w.target.mig_enabled
+    r.reset_required = (
+        "reset required: "
+        + (reason or "the new MIG mode takes effect after a GPU reset")
+        + "; rerun with --allow-reset when the GPU is idle"
+    )
+    return False
+
+
+def _apply_layout(node: GpuNode, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
+    """Destroy and create instances on one GPU (MIG is on), rolling back on failure."""
+    index = w.index
+    now = node.mig_instances(index)
+    whole, half = _split(now)
+    plan = plan_gpu(w.geometry, whole, w.target.devices, force=force)
+    r.kept = [i.label for i in plan.keep]
+    created: list[NewInstance] = []
+    destroyed: list[Instance] = []
+    by_id = {g.instance_id: g for g in now}
+    try:
+        for item in half:
+            gi = by_id[item.instance_id] if item.instance_id is not None else None
+            if gi is not None:
+                _destroy(node, index, gi, step)
+                r.destroyed.append(f"{item.label} (half-made)")
+        for item in plan.destroy:
+            assert item.instance_id is not None
+            _destroy(node, index, by_id[item.instance_id], step)
+            destroyed.append(item)
+            r.destroyed.append(item.label)
+        for new in plan.create:
+            step(f"GPU {index}: create {new.label}")
+            node.create_gpu_instance(index, new.profile, new.placement)
+            created.append(new)
+            r.created.append(new.label)
+    except GpuError as exc:
+        undo = _rollback(node, index, created, [d for d in destroyed if not d.busy], step)
+        r.errors.append(f"{exc} (rolled back: {undo})")
+
+
+def execute(
+    node: GpuNode,
+    prepared: Prepared,
+    cfg: MigConfigFile,
+    *,
+    state_dir: Path,
+    force: bool = False,
+    allow_reset: bool = False,
+    hooks: HooksFile | None = None,
+    on_step: StepHook | None = None,
+) -> ApplyReport:
+    """Carry out a prepared apply. See the module docstring for the order and the guarantees."""
+    earlier = read_intent(state_dir)
+    report = ApplyReport(
+        prepared.config,
+        [GpuReport(w.index, w.model, w.current, w.target.mig_enabled) for w in prepared.work],
+        resumed_from=str(earlier.get("config")) if earlier else None,
+    )
+    blocked = [w for w in prepared.work if w.error is not None]
+    if blocked:
+        for w, r in zip(prepared.work, report.gpus, strict=True):
+            if w.error is not None:
+                r.errors.append(w.error)
+            _finish_report(node, w, r)
+        report.errors.append(
+            "nothing was changed: " + "; ".join(f"GPU {w.index}: {w.error}" for w in blocked)
+        )
+        return report
+    todo = [
+        w
+        for w in prepared.work
+        if w.mode_change
+        or w.halfmade
+        or (w.plan is not None and not w.plan.is_noop)
+        or w.pending != w.target.mig_enabled
+    ]
+    if not todo:
+        for w, r in zip(prepared.work, report.gpus, strict=True):
+            r.kept = [i.label for i in w.before]
+            _finish_report(node, w, r)
+        (state_dir / INTENT_FILE).unlink(missing_ok=True)  # an earlier crash left it converged
+        return report
+
+    _write_atomic(state_dir / INTENT_FILE, _intent(prepared, cfg))
+    env = {
+        "NODEAGENT_MIG_CONFIG_FILE": cfg.path,
+        "NODEAGENT_MIG_CONFIG": prepared.config,
+        "MIG_PARTED_CONFIG_FILE": cfg.path,
+        "MIG_PARTED_SELECTED_CONFIG": prepared.config,
+    }
+    step = _Steps(on_step)
+    reports = {r.index: r for r in report.gpus}
+    try:
+        failure = _run_hooks(hooks, "apply-start", env)
+        modes = [w for w in todo if w.mode_change or w.pending != w.target.mig_enabled]
+        if failure is None and modes:
+            failure = _run_hooks(hooks, "pre-apply-mode", env)
+        ready: dict[int, bool] = {w.index: w.current for w in todo}
+        if failure is None:
+            for w in modes:
+                r = reports[w.index]
+                try:
+                    ready[w.index] = _apply_mode(node, w, r, allow_reset, force, step)
+                except GpuError as exc:
+                    r.errors.append(str(exc))
+                    ready[w.index] = False
+            failure = _run_hooks(hooks, "pre-apply-config", env)
+        if failure is None:
+            for w in todo:
+                if w.target.mig_enabled and ready[w.index]:
+                    try:
+                        _apply_layout(node, w, reports[w.index], force, step)
+                    except GpuError as exc:
+                        reports[w.index].errors.append(str(exc))
+                    except PlanError as exc:
+                        reports[w.index].errors.append(exc.reason)
+        if failure is not None:
+            report.errors.append(failure)
+    finally:
+        exit_failure = _run_hooks(hooks, "apply-exit", env)
+        if exit_failure is not None:
+            report.errors.append(exit_failure)
+    report.mutating_steps = step.count
+    for w in prepared.work:
+        r = reports[w.index]
+        if not r.changed and not r.kept and w.plan is not None:
+            r.kept = [i.label for i in w.plan.keep]
+        _finish_report(node, w, r)
+    (state_dir / INTENT_FILE).unlink(missing_ok=True)
+    return report
+
+
+def reconcile(
+    node: GpuNode,
+    cfg: MigConfigFile,
+    name: str,
+    *,
+    state_dir: Path,
+    force: bool = False,
+    allow_reset: bool = False,
+    hooks: HooksFile | None = None,
+    on_step: StepHook | None = None,
+) -> ApplyReport:
+    """Make the node hold layout ``name`` of ``cfg``: the one entry point the agent calls.
+
+    Busy instances are never destroyed unless ``force``; a GPU whose MIG mode change waits for
+    a reset is reported, and reset only with ``allow_reset`` when no process runs on it.
+
+    Raises:
+        MigConfigError: the layout is invalid for this node; nothing was changed.
+    """
+    prepared = prepare(node, cfg, name, force=force)
+    return execute(
+        node,
+        prepared,
+        cfg,
+        state_dir=state_dir,
+        force=force,
+        allow_reset=allow_reset,
+        hooks=hooks,
+        on_step=on_step,
+    )
+
+
+def dry_run(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> ApplyReport:
+    """What :func:`reconcile` would do, without changing anything."""
+    prepared = prepare(node, cfg, name, force=force)
+    report = ApplyReport(prepared.config, [], dry_run=True)
+    for w in prepared.work:
+        r = GpuReport(w.index, w.model, w.current, w.target.mig_enabled)
+        if w.error is not None:
+            r.errors.append(w.error)
+        if w.mode_change:
+            r.mode_change = "enable" if w.target.mig_enabled else "disable"
+            if not w.target.mig_enabled:
+                r.destroyed = [i.label for i in w.before]
+        r.destroyed += [f"{i.label} (half-made)" for i in w.halfmade]
+        if w.plan is not None:
+            if not w.mode_change:
+                r.kept = [i.label for i in w.plan.keep]
+                r.destroyed += [i.label for i in w.plan.destroy]
+            r.created = [c.label for c in w.plan.create]
+            r.holds = [c.label for c in w.plan.layout_after()]
+            r.creatable = dict(w.plan.creatable_after)
+            r.fragmentation = w.plan.fragmentation_after
+        report.gpus.append(r)
+    return report
