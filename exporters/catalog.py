@@ -1,0 +1,505 @@
+"""Every metric the exporter emits: name, type, labels and help, in one table.
+
+``docs/metrics.md`` is generated from this table (``python -m exporters.catalog``) and a test
+fails when an emitted metric is missing from it, so the table, the document and the output stay
+in step. Names follow the project conventions: prefix ``nodeagent_``, base units in the name,
+ratios 0..1, counters end in ``_total``; no hostname label (Prometheus adds ``instance``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Kind(enum.StrEnum):
+    """Prometheus metric types used here."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family."""
+
+    name: str  # the sample name as scraped (counters include ``_total``)
+    kind: Kind
+    labels: tuple[str, ...]
+    unit: str  # human unit for the catalog ("bytes", "ratio", "1" for counts and flags)
+    help: str
+    group: str  # catalog section
+
+
+G, C = Kind.GAUGE, Kind.COUNTER
+_GPU = ("gpu", "uuid")
+_MIG = ("gpu", "uuid", "mig_profile", "mig_instance")
+
+_SPECS: tuple[MetricSpec, ...] = (
+    # --- inventory and driver ---------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_gpu_info",
+        G,
+        (
+            *_GPU,
+            "model",
+            "pci_bus_id",
+            "driver_version",
+            "cuda_version",
+            "vbios_version",
+            "mig_mode",
+        ),
+        "1",
+        "Static facts of a GPU; always 1. mig_mode is enabled, disabled, or pending-enable / "
+        "pending-disable while a mode change waits for a reset.",
+        "inventory",
+    ),
+    MetricSpec(
+        "nodeagent_driver_info",
+        G,
+        ("driver_version", "cuda_version"),
+        "1",
+        "The node's NVIDIA kernel driver and the CUDA version it supports; always 1.",
+        "inventory",
+    ),
+    MetricSpec(
+        "nodeagent_driver_drift",
+        G,
+        ("driver_version", "expected_driver_version"),
+        "1",
+        "1 when the node's driver differs from the pool policy's expected_driver_version, 0 when "
+        "it matches or the policy expects none (then expected_driver_version is empty).",
+        "inventory",
+    ),
+    MetricSpec(
+        "nodeagent_gpus", G, (), "1", "GPUs the node reports, lost ones included.", "inventory"
+    ),
+    MetricSpec(
+        "nodeagent_gpu_lost",
+        G,
+        _GPU,
+        "1",
+        "1 when the GPU stopped answering (fallen off the bus), else 0.",
+        "inventory",
+    ),
+    # --- telemetry --------------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_gpu_utilization_ratio",
+        G,
+        _GPU,
+        "ratio",
+        "Share of the last sample period a kernel ran on the GPU (0..1).",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_memory_utilization_ratio",
+        G,
+        _GPU,
+        "ratio",
+        "Share of the last sample period device memory was read or written (0..1).",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_memory_used_bytes", G, _GPU, "bytes", "Device memory in use.", "telemetry"
+    ),
+    MetricSpec(
+        "nodeagent_gpu_memory_total_bytes",
+        G,
+        _GPU,
+        "bytes",
+        "Device memory installed.",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_temperature_celsius",
+        G,
+        _GPU,
+        "celsius",
+        "GPU core temperature.",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_slowdown_temperature_celsius",
+        G,
+        _GPU,
+        "celsius",
+        "Temperature at which the GPU starts slowing its clocks.",
+        "telemetry",
+    ),
+    MetricSpec("nodeagent_gpu_power_watts", G, _GPU, "watts", "Power draw.", "telemetry"),
+    MetricSpec(
+        "nodeagent_gpu_power_limit_watts", G, _GPU, "watts", "Enforced power limit.", "telemetry"
+    ),
+    MetricSpec(
+        "nodeagent_gpu_energy_joules_total",
+        C,
+        _GPU,
+        "joules",
+        "Energy consumed since the driver was loaded.",
+        "telemetry",
+    ),
+    MetricSpec("nodeagent_gpu_sm_clock_hertz", G, _GPU, "hertz", "SM clock.", "telemetry"),
+    MetricSpec("nodeagent_gpu_memory_clock_hertz", G, _GPU, "hertz", "Memory clock.", "telemetry"),
+    MetricSpec(
+        "nodeagent_gpu_clock_event_active",
+        G,
+        (*_GPU, "reason"),
+        "1",
+        "1 while this clock event (throttle) reason holds, one series per reason: gpu_idle, "
+        "applications_clocks, sw_power_cap, hw_slowdown, sync_boost, sw_thermal_slowdown, "
+        "hw_thermal_slowdown, hw_power_brake_slowdown, display_clocks.",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_pcie_replays_total",
+        C,
+        _GPU,
+        "1",
+        "PCIe replays (link-level retransmissions).",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_nvlink_up",
+        G,
+        (*_GPU, "link"),
+        "1",
+        "1 when the NVLink is active, 0 when it is down.",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_nvlink_errors_total",
+        C,
+        (*_GPU, "link", "type"),
+        "1",
+        "NVLink data-link errors by type: replay, recovery, crc_flit.",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_processes",
+        G,
+        _GPU,
+        "1",
+        "Compute processes on the GPU or its MIG instances.",
+        "telemetry",
+    ),
+    # --- health -----------------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_gpu_ecc_errors_total",
+        C,
+        (*_GPU, "type", "scope"),
+        "1",
+        "ECC errors; type corrected|uncorrected, scope volatile (since driver load) | "
+        "aggregate (lifetime).",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_remapped_rows_total",
+        C,
+        (*_GPU, "type"),
+        "1",
+        "Memory rows remapped, type correctable|uncorrectable (lifetime of the GPU).",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_row_remap_pending",
+        G,
+        _GPU,
+        "1",
+        "1 when a row remap waits for a GPU reset.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_row_remap_failure",
+        G,
+        _GPU,
+        "1",
+        "1 when a row remap has ever failed (RMA or field diagnostics).",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_retired_pages_total",
+        C,
+        (*_GPU, "cause"),
+        "1",
+        "Pages retired (pre-Ampere), cause sbe|dbe.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_retired_pages_pending",
+        G,
+        _GPU,
+        "1",
+        "1 when a page retirement waits for a driver reload.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_xid_errors_total",
+        C,
+        (*_GPU, "xid"),
+        "1",
+        "XID errors seen since the agent started, by XID code.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_xid_last_seen_timestamp_seconds",
+        G,
+        (*_GPU, "xid"),
+        "seconds",
+        "Unix time the XID code was last seen on the GPU.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_health_state",
+        G,
+        (*_GPU, "state"),
+        "1",
+        "1 for the GPU's current health state (healthy, degraded, unhealthy, lost), 0 "
+        "for the others.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_mig_health_state",
+        G,
+        (*_MIG, "state"),
+        "1",
+        "1 for the MIG device's current health state, 0 for the others.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_node_stability_score",
+        G,
+        (),
+        "ratio",
+        "The node stability score, 1 = stable, 0 = unusable.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_node_stability_level",
+        G,
+        ("level",),
+        "1",
+        "1 for the node's current stability level, 0 for the others.",
+        "health",
+    ),
+    # --- MIG --------------------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_mig_instance_info",
+        G,
+        (*_MIG, "mig_uuid", "placement_start", "placement_size"),
+        "1",
+        "One series per GPU instance: profile, placement (memory slices) and the UUID of "
+        "its MIG device; always 1.",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_instance_busy",
+        G,
+        _MIG,
+        "1",
+        "1 when processes run on the GPU instance.",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_slices",
+        G,
+        _GPU,
+        "1",
+        "Memory slices of a MIG-enabled GPU (8, or 4 on A30).",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_free_slices", G, _GPU, "1", "Memory slices no GPU instance occupies.", "mig"
+    ),
+    MetricSpec(
+        "nodeagent_mig_creatable_instances",
+        G,
+        (*_GPU, "mig_profile"),
+        "1",
+        "How many more instances of this profile alone could still be created.",
+        "mig",
+    ),
+    # --- fragmentation ----------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_mig_fragmentation_ratio",
+        G,
+        _GPU,
+        "ratio",
+        "Share of usable free slices the largest still-creatable profile cannot use "
+        "(0 = unfragmented).",
+        "fragmentation",
+    ),
+    MetricSpec(
+        "nodeagent_free_gpus",
+        G,
+        (),
+        "1",
+        "Whole GPUs without MIG, processes, pod allocations or health problems.",
+        "fragmentation",
+    ),
+    MetricSpec(
+        "nodeagent_free_nvlink_set_gpus",
+        G,
+        (),
+        "1",
+        "Size of the largest set of free whole GPUs all connected by NVLink.",
+        "fragmentation",
+    ),
+    MetricSpec(
+        "nodeagent_stranded_mig_slices",
+        G,
+        _GPU,
+        "1",
+        "Free memory slices no profile in the pool's request_sizes (every profile when "
+        "it lists none) can still use.",
+        "fragmentation",
+    ),
+    MetricSpec(
+        "nodeagent_stranded_gpus",
+        G,
+        (),
+        "1",
+        "Free whole GPUs no whole-GPU request size of the pool can use.",
+        "fragmentation",
+    ),
+    # --- device plugin ----------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_device_plugin_devices_advertised",
+        G,
+        ("resource",),
+        "1",
+        "Devices the kubelet reports allocatable for the resource (replicas counted).",
+        "device plugin",
+    ),
+    MetricSpec(
+        "nodeagent_device_plugin_devices_allocated",
+        G,
+        ("resource",),
+        "1",
+        "Devices of the resource allocated to containers (replicas counted).",
+        "device plugin",
+    ),
+    MetricSpec(
+        "nodeagent_device_plugin_pod_devices",
+        G,
+        ("resource", "gpu", "uuid", "mig_profile", "mig_instance", "pod", "namespace", "container"),
+        "1",
+        "Devices (replicas) of one GPU or MIG device held by a container; uuid is the "
+        "device ID without its ::N replica suffix.",
+        "device plugin",
+    ),
+    MetricSpec(
+        "nodeagent_pod_resources_up",
+        G,
+        (),
+        "1",
+        "1 when the last kubelet pod-resources poll succeeded.",
+        "device plugin",
+    ),
+    MetricSpec(
+        "nodeagent_pod_resources_age_seconds",
+        G,
+        (),
+        "seconds",
+        "Age of the pod attribution at render time.",
+        "device plugin",
+    ),
+    # --- the agent itself -------------------------------------------------------------------
+    MetricSpec(
+        "nodeagent_sample_duration_seconds",
+        G,
+        (),
+        "seconds",
+        "How long the last NVML sampling pass took.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_snapshot_timestamp_seconds",
+        G,
+        (),
+        "seconds",
+        "Unix time of the snapshot the metrics come from.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_snapshot_age_seconds",
+        G,
+        (),
+        "seconds",
+        "Age of the served snapshot at scrape time (the only value computed per scrape).",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_render_duration_seconds",
+        G,
+        (),
+        "seconds",
+        "How long rendering the last snapshot into the exposition format took.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_nvml_errors_total",
+        C,
+        ("function",),
+        "1",
+        "NVML calls that failed, by NVML function, since the agent started.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_component_restarts_total",
+        C,
+        ("component",),
+        "1",
+        "Times a crashed agent component was restarted.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_build_info",
+        G,
+        ("version", "python_version"),
+        "1",
+        "The agent's version; always 1.",
+        "agent",
+    ),
+)
+
+CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec of a cataloged metric; KeyError names an uncataloged one (a programming error)."""
+    return CATALOG[name]
+
+
+def markdown() -> str:
+    """The catalog as the Markdown document ``docs/metrics.md``."""
+    lines = [
+        "# Metrics",
+        "",
+        "<!-- Generated by `python -m exporters.catalog > docs/metrics.md`; do not edit. -->",
+        "",
+        "Every metric the exporter serves on `/metrics`. Conventions: prefix `nodeagent_`, base",
+        "units in the name, ratios 0..1, counters end in `_total`. GPU metrics carry `gpu` (index)",
+        "and `uuid` (the GPU's UUID); MIG metrics add `mig_profile` and `mig_instance` (the GPU",
+        "instance ID). There is no hostname label: Prometheus adds `instance`.",
+        "",
+        "A test fails when the exporter emits a metric that is missing here.",
+    ]
+    groups: dict[str, list[MetricSpec]] = {}
+    for s in _SPECS:
+        groups.setdefault(s.group, []).append(s)
+    for group, specs in groups.items():
+        lines += [
+            "",
+            f"## {group[0].upper()}{group[1:]}",
+            "",
+            "| metric | type | unit | labels | help |",
+            "|---|---|---|---|---|",
+        ]
+        for s in specs:
+            labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
+            lines.append(f"| `{s.name}` | {s.kind} | {s.unit} | {labels} | {s.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

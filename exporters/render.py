@@ -1,0 +1,398 @@
+"""Render one NodeSnapshot (plus health, MIG capacity and pod attribution) into exposition bytes.
+
+Rendering happens once per snapshot, off the scrape path. The result is immutable
+(:class:`Rendered`); a scrape takes a reference to the latest one and appends the snapshot age,
+the only value that depends on the moment of the scrape.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import platform
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporters import fragmentation
+from exporters.catalog import Kind, spec
+from exporters.podresources import Allocations
+from mig import planner
+from nodeagent.config.policy import PoolPolicy
+from nodeagent.gpu.types import GpuInstance, GpuState, MigGeometry, NodeSnapshot
+from nodeagent.health.source import DeviceHealth, HealthSource, HealthState
+
+log = logging.getLogger(__name__)
+
+# NVML clocks-event reason bits (nvmlClocksEventReason*), one series each so alerts can pick the
+# reasons that matter (hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown) by label.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clocks", 0x100),
+)
+STABILITY_LEVELS = ("stable", "degraded", "unstable")
+
+
+@dataclass(frozen=True, slots=True)
+class XidRecord:
+    """How often an XID code was seen on a GPU and when last."""
+
+    gpu_uuid: str
+    code: int
+    count: int
+    last_seen_s: float
+
+
+@runtime_checkable
+class XidCounts(Protocol):
+    """Optional health-source extension: XID counts per GPU and code since the agent started."""
+
+    def xid_counts(self) -> Sequence[XidRecord]:
+        """Every (GPU, code) seen so far."""
+        ...
+
+
+@runtime_checkable
+class Stability(Protocol):
+    """Optional health-source extension: the node stability score (0..1) and level."""
+
+    def stability(self) -> tuple[float, str]:
+        """The score and its level (stable, degraded, unstable)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """Exposition bytes of one snapshot, plain and gzip-compressed."""
+
+    body: bytes
+    gzipped: bytes
+    snapshot_timestamp_s: float
+    generation: int = 0
+
+
+def version() -> str:
+    """The installed nodeagent version ("unknown" when run from an uninstalled tree)."""
+    try:
+        return metadata.version("nodeagent")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_AGE_HEADER = (
+    "# HELP nodeagent_snapshot_age_seconds {help}\n# TYPE nodeagent_snapshot_age_seconds gauge\n"
+).format(help=spec("nodeagent_snapshot_age_seconds").help)
+
+
+def age_lines(rendered: Rendered, now: float) -> bytes:
+    """The per-scrape tail: the snapshot's age (never negative under clock steps)."""
+    age = max(0.0, now - rendered.snapshot_timestamp_s)
+    return f"{_AGE_HEADER}nodeagent_snapshot_age_seconds {age:.3f}\n".encode()
+
+
+def _family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
+    s = spec(name)
+    if s.kind is Kind.COUNTER:
+        return CounterMetricFamily(name, s.help, labels=list(s.labels))
+    return GaugeMetricFamily(name, s.help, labels=list(s.labels))
+
+
+class _Families:
+    """A prometheus_client collector that yields prepared families, in catalog-checked form."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, name: str, labels: Sequence[str], value: float | None) -> None:
+        """Add one sample; ``None`` (NOT_SUPPORTED) is left out rather than exported as NaN."""
+        if value is None:
+            return
+        family = self.by_name.get(name)
+        if family is None:
+            family = self.by_name[name] = _family(name)
+        family.add_metric(list(labels), float(value))
+
+    def collect(self) -> Iterator[Metric]:
+        """What the registry asks for when generating the exposition."""
+        yield from self.by_name.values()
+
+
+def _bool(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _mig_mode(gpu: GpuState) -> str:
+    info = gpu.info
+    if not info.mig_capable:
+        return "unsupported"
+    if info.mig_change_pending:
+        return "pending-enable" if info.mig_pending else "pending-disable"
+    return "enabled" if info.mig_enabled else "disabled"
+
+
+@dataclass
+class Sources:
+    """Where the renderer reads everything besides the snapshot; each is read once per render.
+
+    Callables rather than values because the config reloads (SIGHUP), the health component may
+    start after the exporter, and the poller replaces its attribution in the background.
+    """
+
+    geometry: Callable[[int], MigGeometry | None]  # by GPU index; cached by the caller
+    policy: Callable[[], PoolPolicy]
+    health: Callable[[], HealthSource | None] = lambda: None
+    allocations: Callable[[], Allocations | None] = lambda: None
+    restarts: Mapping[str, int] = field(default_factory=dict)
+
+
+class Renderer:
+    """Turns snapshots into :class:`Rendered`; keeps the counters that span snapshots."""
+
+    def __init__(self, sources: Sources, *, clock: Callable[[], float] = time.time) -> None:
+        self.sources = sources
+        self._clock = clock
+        self._nvml_errors: dict[str, int] = {}
+        self._last_render_s = 0.0
+        self._version = version()
+        self._python = platform.python_version()
+        self.renders = 0
+
+    def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
+        """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
+        started = time.perf_counter()
+        for function, count in snapshot.nvml_errors.items():
+            self._nvml_errors[function] = self._nvml_errors.get(function, 0) + count
+        families = _Families()
+        self._fill(families, snapshot)
+        families.add("nodeagent_render_duration_seconds", (), self._last_render_s)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(families)
+        body = generate_latest(registry)
+        self._last_render_s = time.perf_counter() - started
+        self.renders += 1
+        # Level 1: a 2x smaller body for a fraction of the cost of level 6, once per snapshot.
+        return Rendered(body, gzip.compress(body, 1), snapshot.timestamp_s, generation)
+
+    # --- families ----------------------------------------------------------------------------
+    def _fill(self, f: _Families, snap: NodeSnapshot) -> None:
+        policy = self.sources.policy()
+        health_source = self.sources.health()
+        health = dict(health_source.device_health()) if health_source is not None else {}
+        allocations = self.sources.allocations()
+        allocated_uuids = set()
+        if allocations is not None:
+            allocated_uuids = {d.uuid for d in allocations.pod_devices}
+
+        self._inventory(f, snap, policy)
+        free_gpus: list[int] = []
+        mig_by_uuid: dict[str, tuple[GpuState, GpuInstance]] = {}
+        for gpu in snap.gpus:
+            ids = (str(gpu.info.index), gpu.info.uuid)
+            self._telemetry(f, gpu, ids)
+            self._health(f, gpu, ids, health.get(gpu.info.uuid))
+            for gi in gpu.mig_instances:
+                for ci in gi.compute_instances:
+                    mig_by_uuid[ci.uuid] = (gpu, gi)
+            if gpu.info.mig_enabled and not gpu.lost:
+                self._mig(f, gpu, ids, health, policy)
+            elif self._is_free(gpu, health.get(gpu.info.uuid), allocated_uuids):
+                free_gpus.append(gpu.info.index)
+
+        components = fragmentation.nvlink_components(free_gpus, snap.topology)
+        f.add("nodeagent_free_gpus", (), len(free_gpus))
+        f.add("nodeagent_free_nvlink_set_gpus", (), components[0] if components else 0)
+        f.add(
+            "nodeagent_stranded_gpus",
+            (),
+            fragmentation.stranded_gpus(components, policy.request_sizes),
+        )
+        self._xids_and_stability(f, snap, health_source)
+        self._device_plugin(f, snap, allocations, mig_by_uuid)
+        self._agent(f, snap)
+
+    def _inventory(self, f: _Families, snap: NodeSnapshot, policy: PoolPolicy) -> None:
+        f.add("nodeagent_gpus", (), len(snap.gpus))
+        f.add("nodeagent_driver_info", (snap.driver_version, snap.cuda_driver_version), 1)
+        expected = policy.expected_driver_version
+        drift = expected is not None and expected != snap.driver_version
+        f.add("nodeagent_driver_drift", (snap.driver_version, expected or ""), float(drift))
+        for gpu in snap.gpus:
+            i = gpu.info
+            labels = (
+                str(i.index),
+                i.uuid,
+                i.name,
+                i.pci_bus_id,
+                i.driver_version,
+                i.cuda_driver_version,
+                i.vbios_version or "",
+                _mig_mode(gpu),
+            )
+            f.add("nodeagent_gpu_info", labels, 1)
+            f.add("nodeagent_gpu_lost", (str(i.index), i.uuid), float(gpu.lost))
+
+    def _telemetry(self, f: _Families, gpu: GpuState, ids: tuple[str, str]) -> None:
+        t = gpu.telemetry
+        f.add("nodeagent_gpu_memory_total_bytes", ids, gpu.info.memory_total_bytes)
+        if t is None:
+            return
+        f.add("nodeagent_gpu_utilization_ratio", ids, t.utilization_gpu_ratio)
+        f.add("nodeagent_gpu_memory_utilization_ratio", ids, t.utilization_memory_ratio)
+        f.add("nodeagent_gpu_memory_used_bytes", ids, t.memory_used_bytes)
+        f.add("nodeagent_gpu_temperature_celsius", ids, t.temperature_celsius)
+        f.add("nodeagent_gpu_slowdown_temperature_celsius", ids, t.temperature_slowdown_celsius)
+        f.add("nodeagent_gpu_power_watts", ids, t.power_watts)
+        f.add("nodeagent_gpu_power_limit_watts", ids, t.power_limit_watts)
+        f.add("nodeagent_gpu_energy_joules_total", ids, t.energy_joules)
+        f.add("nodeagent_gpu_sm_clock_hertz", ids, t.sm_clock_hz)
+        f.add("nodeagent_gpu_memory_clock_hertz", ids, t.memory_clock_hz)
+        if t.clock_event_reasons is not None:
+            for reason, bit in CLOCK_EVENT_REASONS:
+                active = float(bool(t.clock_event_reasons & bit))
+                f.add("nodeagent_gpu_clock_event_active", (*ids, reason), active)
+        f.add("nodeagent_gpu_pcie_replays_total", ids, t.pcie_replay_count)
+        for link in t.nvlinks:
+            n = str(link.link)
+            f.add("nodeagent_gpu_nvlink_up", (*ids, n), float(link.active))
+            for kind, value in (
+                ("replay", link.replay_errors),
+                ("recovery", link.recovery_errors),
+                ("crc_flit", link.crc_flit_errors),
+            ):
+                f.add("nodeagent_gpu_nvlink_errors_total", (*ids, n, kind), value)
+        f.add("nodeagent_gpu_processes", ids, len(t.processes))
+        if t.ecc is not None:
+            for kind, scope, value in (
+                ("corrected", "volatile", t.ecc.volatile_corrected),
+                ("uncorrected", "volatile", t.ecc.volatile_uncorrected),
+                ("corrected", "aggregate", t.ecc.aggregate_corrected),
+                ("uncorrected", "aggregate", t.ecc.aggregate_uncorrected),
+            ):
+                f.add("nodeagent_gpu_ecc_errors_total", (*ids, kind, scope), value)
+        if t.remapped_rows is not None:
+            r = t.remapped_rows
+            f.add("nodeagent_gpu_remapped_rows_total", (*ids, "correctable"), r.correctable)
+            f.add("nodeagent_gpu_remapped_rows_total", (*ids, "uncorrectable"), r.uncorrectable)
+            f.add("nodeagent_gpu_row_remap_pending", ids, float(r.pending))
+            f.add("nodeagent_gpu_row_remap_failure", ids, float(r.failure))
+        f.add("nodeagent_gpu_retired_pages_total", (*ids, "sbe"), t.retired_pages_sbe)
+        f.add("nodeagent_gpu_retired_pages_total", (*ids, "dbe"), t.retired_pages_dbe)
+        f.add("nodeagent_gpu_retired_pages_pending", ids, _bool(t.retired_pages_pending))
+
+    def _health(
+        self, f: _Families, gpu: GpuState, ids: tuple[str, str], dh: DeviceHealth | None
+    ) -> None:
+        # Without a health model the only fact known is lost-or-not; say that rather than
+        # claim "healthy" for a GPU nobody checked.
+        if dh is None:
+            if not gpu.lost:
+                return
+            state = HealthState.LOST
+        else:
+            state = dh.state
+        for candidate in HealthState:
+            f.add("nodeagent_gpu_health_state", (*ids, candidate.value), float(candidate is state))
+
+    def _mig(
+        self,
+        f: _Families,
+        gpu: GpuState,
+        ids: tuple[str, str],
+        health: Mapping[str, DeviceHealth],
+        policy: PoolPolicy,
+    ) -> None:
+        for gi in gpu.mig_instances:
+            mig = (*ids, gi.profile, str(gi.instance_id))
+            info = (*mig, gi.uuid or "", str(gi.placement.start), str(gi.placement.size))
+            f.add("nodeagent_mig_instance_info", info, 1)
+            f.add("nodeagent_mig_instance_busy", mig, float(gi.busy))
+            dh = health.get(gi.uuid) if gi.uuid else None
+            if dh is not None:
+                for candidate in HealthState:
+                    value = float(candidate is dh.state)
+                    f.add("nodeagent_mig_health_state", (*mig, candidate.value), value)
+        geometry = self.sources.geometry(gpu.info.index)
+        if geometry is None:
+            return
+        occupied = sum(gi.placement.size for gi in gpu.mig_instances)
+        f.add("nodeagent_mig_slices", ids, geometry.memory_slices)
+        f.add("nodeagent_mig_free_slices", ids, geometry.memory_slices - occupied)
+        for profile, count in planner.creatable(geometry, gpu.mig_instances).items():
+            f.add("nodeagent_mig_creatable_instances", (*ids, profile), count)
+        ratio = planner.fragmentation_ratio(geometry, gpu.mig_instances)
+        f.add("nodeagent_mig_fragmentation_ratio", ids, ratio)
+        stranded = fragmentation.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
+        f.add("nodeagent_stranded_mig_slices", ids, stranded)
+
+    @staticmethod
+    def _is_free(gpu: GpuState, dh: DeviceHealth | None, allocated: set[str]) -> bool:
+        if gpu.lost or gpu.telemetry is None or gpu.telemetry.processes:
+            return False
+        if dh is not None and not dh.state.schedulable:
+            return False
+        return gpu.info.uuid not in allocated
+
+    def _xids_and_stability(
+        self, f: _Families, snap: NodeSnapshot, source: HealthSource | None
+    ) -> None:
+        if source is None:
+            return
+        index = {g.info.uuid: str(g.info.index) for g in snap.gpus}
+        if isinstance(source, XidCounts):
+            for rec in source.xid_counts():
+                ids = (index.get(rec.gpu_uuid, ""), rec.gpu_uuid, str(rec.code))
+                f.add("nodeagent_gpu_xid_errors_total", ids, rec.count)
+                f.add("nodeagent_gpu_xid_last_seen_timestamp_seconds", ids, rec.last_seen_s)
+        if isinstance(source, Stability):
+            score, level = source.stability()
+            f.add("nodeagent_node_stability_score", (), score)
+            for candidate in STABILITY_LEVELS:
+                f.add("nodeagent_node_stability_level", (candidate,), float(candidate == level))
+
+    def _device_plugin(
+        self,
+        f: _Families,
+        snap: NodeSnapshot,
+        allocations: Allocations | None,
+        mig_by_uuid: Mapping[str, tuple[GpuState, GpuInstance]],
+    ) -> None:
+        if allocations is None:
+            return
+        f.add("nodeagent_pod_resources_up", (), float(allocations.ok))
+        age = max(0.0, snap.timestamp_s - allocations.timestamp_s)
+        f.add("nodeagent_pod_resources_age_seconds", (), age)
+        for resource, count in sorted(allocations.advertised.items()):
+            f.add("nodeagent_device_plugin_devices_advertised", (resource,), count)
+        resources = set(allocations.advertised) | set(allocations.allocated)
+        for resource in sorted(resources):
+            count = allocations.allocated.get(resource, 0)
+            f.add("nodeagent_device_plugin_devices_allocated", (resource,), count)
+        gpu_index = {g.info.uuid: str(g.info.index) for g in snap.gpus}
+        for d in allocations.pod_devices:
+            gpu, profile, instance = gpu_index.get(d.uuid, ""), "", ""
+            if d.uuid in mig_by_uuid:
+                owner, gi = mig_by_uuid[d.uuid]
+                gpu, profile, instance = str(owner.info.index), gi.profile, str(gi.instance_id)
+            labels = (d.resource, gpu, d.uuid, profile, instance, d.pod, d.namespace, d.container)
+            f.add("nodeagent_device_plugin_pod_devices", labels, d.count)
+
+    def _agent(self, f: _Families, snap: NodeSnapshot) -> None:
+        f.add("nodeagent_sample_duration_seconds", (), snap.sample_duration_s)
+        f.add("nodeagent_snapshot_timestamp_seconds", (), snap.timestamp_s)
+        for function, count in sorted(self._nvml_errors.items()):
+            f.add("nodeagent_nvml_errors_total", (function,), count)
+        for component, count in sorted(dict(self.sources.restarts).items()):
+            f.add("nodeagent_component_restarts_total", (component,), count)
+        f.add("nodeagent_build_info", (self._version, self._python), 1)

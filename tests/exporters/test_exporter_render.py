@@ -1,0 +1,321 @@
+"""The renderer: every family with the right values, from hand-built snapshots."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from exporter_factories import (
+    H100_GEOMETRY,
+    gpu_state,
+    gpu_uuid,
+    instance,
+    parse_samples,
+    snapshot,
+    value,
+)
+
+from exporters.catalog import CATALOG, markdown
+from exporters.podresources import Allocations, PodDevice
+from exporters.render import Rendered, Renderer, Sources, XidRecord, age_lines
+from nodeagent.config.policy import PoolPolicy
+from nodeagent.gpu.types import NodeSnapshot, RemappedRows
+from nodeagent.health.source import DeviceHealth, HealthState
+
+DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
+
+
+@dataclass
+class FakeHealth:
+    """A health source with the optional XID and stability extensions (a test double for the
+    health model's interface, not its logic)."""
+
+    devices: dict[str, DeviceHealth] = field(default_factory=dict)
+    xids: list[XidRecord] = field(default_factory=list)
+    score: tuple[float, str] = (1.0, "stable")
+
+    def device_health(self) -> Mapping[str, DeviceHealth]:
+        return self.devices
+
+    def subscribe(self, callback: object) -> object:
+        return lambda: None
+
+    def xid_counts(self) -> Sequence[XidRecord]:
+        return self.xids
+
+    def stability(self) -> tuple[float, str]:
+        return self.score
+
+
+def render(
+    snap: NodeSnapshot,
+    policy: PoolPolicy | None = None,
+    health: FakeHealth | None = None,
+    allocations: Allocations | None = None,
+    restarts: dict[str, int] | None = None,
+) -> dict:
+    renderer = Renderer(
+        Sources(
+            geometry=lambda _i: H100_GEOMETRY,
+            policy=lambda: policy or PoolPolicy(),
+            health=lambda: health,
+            allocations=lambda: allocations,
+            restarts=restarts or {},
+        )
+    )
+    return parse_samples(renderer.render(snap).body.decode())
+
+
+def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
+    """Two MIG GPUs, one whole free GPU, one busy GPU, one lost GPU: every family present."""
+    mig0 = [instance(0, 7, "1g.10gb", 6, 1, busy=True), instance(0, 1, "3g.40gb", 0, 4)]
+    mig1 = [instance(1, 2, "4g.40gb", 0, 4)]
+    snap = snapshot(
+        [
+            gpu_state(0, mig=mig0),
+            gpu_state(1, mig=mig1, retired_pages_sbe=0, retired_pages_dbe=0,
+                      retired_pages_pending=False),
+            gpu_state(2),
+            gpu_state(3, processes=1),
+            gpu_state(4, lost=True),
+        ],
+        nvml_errors={"nvmlDeviceGetHandleByIndex": 1},
+    )
+    health = FakeHealth(
+        devices={
+            gpu_uuid(0): DeviceHealth(gpu_uuid(0), 0, HealthState.HEALTHY, (), "", 0.0),
+            mig0[0].uuid: DeviceHealth(mig0[0].uuid, 0, HealthState.DEGRADED, (), "", 0.0),
+        },
+        xids=[XidRecord(gpu_uuid(3), 79, 2, 999.0)],
+        score=(0.4, "unstable"),
+    )
+    allocations = Allocations(
+        990.0,
+        True,
+        {"nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 1},
+        {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 1},
+        (
+            PodDevice("nvidia.com/gpu", gpu_uuid(3), "train-0", "ml", "main", 1),
+            PodDevice("nvidia.com/mig-1g.10gb", mig0[0].uuid or "", "infer", "web", "srv", 1),
+        ),
+    )
+    return snap, health, allocations
+
+
+def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
+    snap, health, allocations = full_node()
+    renderer = Renderer(
+        Sources(
+            geometry=lambda _i: H100_GEOMETRY,
+            policy=lambda: PoolPolicy(expected_driver_version="570.124.06"),
+            health=lambda: health,
+            allocations=lambda: allocations,
+            restarts={"sampler": 1},
+        )
+    )
+    rendered = renderer.render(snap)
+    text = (rendered.body + age_lines(rendered, 1001.0)).decode()
+    emitted = {n for n, _ in parse_samples(text)}
+    documented = set(re.findall(r"^\| `(nodeagent_\w+)`", DOC.read_text(), re.MULTILINE))
+    assert emitted - documented == set(), "emitted but not in docs/metrics.md"
+    # The full node exercises every family, so a cataloged family that never appears is dead.
+    assert set(CATALOG) - emitted == set(), "cataloged but never emitted"
+    assert DOC.read_text() == markdown(), "docs/metrics.md is stale: python -m exporters.catalog"
+
+
+def test_labels_match_the_catalog() -> None:
+    snap, health, allocations = full_node()
+    samples = render(snap, health=health, allocations=allocations, restarts={"x": 0})
+    for name, labels in samples:
+        assert {k for k, _ in labels} == set(CATALOG[name].labels), name
+
+
+@pytest.mark.parametrize(
+    ("expected", "drift"),
+    [
+        pytest.param(None, 0.0, id="no expectation"),
+        pytest.param("570.124.06", 0.0, id="matches"),
+        pytest.param("580.65.06", 1.0, id="drifted"),
+    ],
+)
+def test_driver_drift(expected: str | None, drift: float) -> None:
+    samples = render(snapshot([gpu_state(0)]), PoolPolicy(expected_driver_version=expected))
+    assert value(samples, "nodeagent_driver_drift", driver_version="570.124.06",
+                 expected_driver_version=expected or "") == drift
+    assert value(samples, "nodeagent_driver_info", driver_version="570.124.06") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mask", "active"),
+    [
+        pytest.param(0x0, set(), id="none"),
+        pytest.param(0x1, {"gpu_idle"}, id="idle"),
+        pytest.param(0x48, {"hw_slowdown", "hw_thermal_slowdown"}, id="thermal"),
+        pytest.param(0x84, {"sw_power_cap", "hw_power_brake_slowdown"}, id="power"),
+    ],
+)
+def test_clock_event_reasons_one_series_each(mask: int, active: set[str]) -> None:
+    samples = render(snapshot([gpu_state(0, clock_event_reasons=mask)]))
+    series = {
+        dict(ls)["reason"]: v
+        for (n, ls), v in samples.items()
+        if n == "nodeagent_gpu_clock_event_active"
+    }
+    assert len(series) == 9
+    assert {r for r, v in series.items() if v == 1.0} == active
+
+
+def test_telemetry_values_and_not_supported_left_out() -> None:
+    samples = render(snapshot([gpu_state(0, power_watts=None, temperature_celsius=55.0)]))
+    assert value(samples, "nodeagent_gpu_temperature_celsius", gpu="0") == 55.0
+    assert value(samples, "nodeagent_gpu_power_watts", gpu="0") is None
+    assert value(samples, "nodeagent_gpu_energy_joules_total", gpu="0") == 123456.0
+    assert value(samples, "nodeagent_gpu_sm_clock_hertz", gpu="0") == 1.98e9
+    assert value(samples, "nodeagent_gpu_ecc_errors_total", type="corrected",
+                 scope="aggregate") == 5.0
+
+
+def test_row_remap_pending_and_failure() -> None:
+    rows = RemappedRows(3, 1, pending=True, failure=False)
+    samples = render(snapshot([gpu_state(0, remapped_rows=rows)]))
+    assert value(samples, "nodeagent_gpu_row_remap_pending", gpu="0") == 1.0
+    assert value(samples, "nodeagent_gpu_row_remap_failure", gpu="0") == 0.0
+    assert value(samples, "nodeagent_gpu_remapped_rows_total", type="uncorrectable") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("instances", "free", "creatable_1g", "creatable_7g", "ratio"),
+    [
+        pytest.param([], 8, 7, 1, 0.0, id="empty gpu"),
+        pytest.param([("7g.80gb", 0, 8)], 0, 0, 0, 0.0, id="full gpu"),
+        # 1g at slice 0 and 3g at 4: slices 1-3 fit one 2g (2 of 3 usable slices).
+        pytest.param([("1g.10gb", 0, 1), ("3g.40gb", 4, 4)], 3, 3, 0, 1 / 3, id="fragmented"),
+    ],
+)
+def test_mig_capacity(
+    instances: list[tuple[str, int, int]],
+    free: int,
+    creatable_1g: int,
+    creatable_7g: int,
+    ratio: float,
+) -> None:
+    mig = [instance(0, n + 1, p, s, z) for n, (p, s, z) in enumerate(instances)]
+    samples = render(snapshot([gpu_state(0, mig=mig)]))
+    assert value(samples, "nodeagent_mig_free_slices", gpu="0") == free
+    assert value(samples, "nodeagent_mig_creatable_instances", mig_profile="1g.10gb") == (
+        creatable_1g
+    )
+    assert value(samples, "nodeagent_mig_creatable_instances", mig_profile="7g.80gb") == (
+        creatable_7g
+    )
+    assert value(samples, "nodeagent_mig_fragmentation_ratio", gpu="0") == pytest.approx(ratio)
+
+
+def test_mig_instance_series() -> None:
+    samples = render(snapshot([gpu_state(0, mig=[instance(0, 5, "2g.20gb", 2, 2, busy=True)])]))
+    assert value(samples, "nodeagent_mig_instance_info", mig_profile="2g.20gb",
+                 mig_instance="5", placement_start="2", placement_size="2") == 1.0
+    assert value(samples, "nodeagent_mig_instance_busy", mig_instance="5") == 1.0
+
+
+def test_stranded_mig_slices_follow_request_sizes() -> None:
+    # 3g at 0 and 2g at 4 leave slices 6-7: a 1g.20gb fits there, a 3g (or a 2g, whose
+    # placements start at 0, 2 and 4 only) does not.
+    mig = [instance(0, 1, "3g.40gb", 0, 4), instance(0, 2, "2g.20gb", 4, 2)]
+    snap = snapshot([gpu_state(0, mig=mig)])
+    only_3g = render(snap, PoolPolicy(request_sizes=("3g.40gb",)))
+    with_2g = render(snap, PoolPolicy(request_sizes=("3g.40gb", "2g.20gb")))
+    with_1g = render(snap, PoolPolicy(request_sizes=("3g.40gb", "1g.20gb")))
+    assert value(only_3g, "nodeagent_stranded_mig_slices", gpu="0") == 2.0
+    assert value(with_2g, "nodeagent_stranded_mig_slices", gpu="0") == 2.0
+    assert value(with_1g, "nodeagent_stranded_mig_slices", gpu="0") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("nvlink", "request_sizes", "free", "nvset", "stranded"),
+    [
+        pytest.param(True, (), 3, 3, 0, id="nvswitch, any size"),
+        pytest.param(False, (), 3, 1, 0, id="pcie only"),
+        pytest.param(True, ("2gpu",), 3, 3, 1, id="pairs strand the odd gpu"),
+        pytest.param(False, ("2gpu",), 3, 1, 3, id="pairs need nvlink"),
+        pytest.param(True, ("1g.10gb",), 3, 3, 3, id="mig-only pool strands whole gpus"),
+    ],
+)
+def test_free_whole_gpus(
+    nvlink: bool, request_sizes: tuple[str, ...], free: int, nvset: int, stranded: int
+) -> None:
+    # GPUs 0-2 free, 3 runs a process, 4 is lost, 5 is allocated to a pod.
+    gpus = [gpu_state(i) for i in range(3)]
+    gpus += [gpu_state(3, processes=1), gpu_state(4, lost=True), gpu_state(5)]
+    allocations = Allocations(
+        1000.0, True, {}, {}, (PodDevice("nvidia.com/gpu", gpu_uuid(5), "p", "n", "c", 1),)
+    )
+    samples = render(
+        snapshot(gpus, nvlink=nvlink), PoolPolicy(request_sizes=request_sizes),
+        allocations=allocations,
+    )
+    assert value(samples, "nodeagent_free_gpus") == free
+    assert value(samples, "nodeagent_free_nvlink_set_gpus") == nvset
+    assert value(samples, "nodeagent_stranded_gpus") == stranded
+
+
+def test_unhealthy_gpu_is_not_free() -> None:
+    health = FakeHealth(
+        devices={gpu_uuid(0): DeviceHealth(gpu_uuid(0), 0, HealthState.UNHEALTHY, (), "", 0.0)}
+    )
+    samples = render(snapshot([gpu_state(0), gpu_state(1)]), health=health)
+    assert value(samples, "nodeagent_free_gpus") == 1.0
+    assert value(samples, "nodeagent_gpu_health_state", gpu="0", state="unhealthy") == 1.0
+    assert value(samples, "nodeagent_gpu_health_state", gpu="0", state="healthy") == 0.0
+
+
+def test_health_without_a_health_model_reports_only_lost() -> None:
+    samples = render(snapshot([gpu_state(0), gpu_state(1, lost=True)]))
+    assert value(samples, "nodeagent_gpu_health_state", gpu="0", state="healthy") is None
+    assert value(samples, "nodeagent_gpu_health_state", gpu="1", state="lost") == 1.0
+
+
+def test_xids_stability_and_pod_attribution() -> None:
+    snap, health, allocations = full_node()
+    samples = render(snap, health=health, allocations=allocations)
+    assert value(samples, "nodeagent_gpu_xid_errors_total", gpu="3", xid="79") == 2.0
+    assert value(samples, "nodeagent_gpu_xid_last_seen_timestamp_seconds", xid="79") == 999.0
+    assert value(samples, "nodeagent_node_stability_score") == 0.4
+    assert value(samples, "nodeagent_node_stability_level", level="unstable") == 1.0
+    assert value(samples, "nodeagent_node_stability_level", level="stable") == 0.0
+    mig_pod = value(samples, "nodeagent_device_plugin_pod_devices", pod="infer")
+    assert mig_pod == 1.0
+    mig_labels = next(
+        dict(ls) for (n, ls), _ in samples.items()
+        if n == "nodeagent_device_plugin_pod_devices" and dict(ls)["pod"] == "infer"
+    )
+    assert (mig_labels["gpu"], mig_labels["mig_profile"], mig_labels["mig_instance"]) == (
+        "0", "1g.10gb", "7"
+    )
+    assert value(samples, "nodeagent_device_plugin_devices_advertised",
+                 resource="nvidia.com/gpu") == 2.0
+    assert value(samples, "nodeagent_pod_resources_age_seconds") == 10.0
+
+
+def test_nvml_errors_accumulate_across_snapshots() -> None:
+    renderer = Renderer(Sources(geometry=lambda _i: None, policy=PoolPolicy))
+    snap = snapshot([gpu_state(0)], nvml_errors={"nvmlDeviceGetPowerUsage": 2})
+    renderer.render(snap)
+    second = parse_samples(renderer.render(snap).body.decode())
+    assert value(second, "nodeagent_nvml_errors_total",
+                 function="nvmlDeviceGetPowerUsage") == 4.0
+
+
+@pytest.mark.parametrize(
+    ("now", "age"),
+    [
+        pytest.param(1002.5, "2.500", id="fresh"),
+        pytest.param(990.0, "0.000", id="clock stepped back"),
+    ],
+)
+def test_age_line(now: float, age: str) -> None:
+    rendered = Rendered(b"", b"", 1000.0)
+    assert age_lines(rendered, now).endswith(f"nodeagent_snapshot_age_seconds {age}\n".encode())
