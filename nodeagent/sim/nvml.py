@@ -24,7 +24,7 @@ from typing import Any
 import pynvml
 
 from nodeagent.sim import models, ops, presets, telemetry
-from nodeagent.sim.state import SimStateError, State, StateStore
+from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
 
 # Handle address layout: magic (4 bits) | kind (4) | gpu (8) | gi (8) | ci (8) | serial (24).
 _MAGIC = 0x5
@@ -105,18 +105,19 @@ class SimNvml:
     """A pynvml-compatible NVML backed by the simulated node in ``state_dir``.
 
     Args:
-        state_dir: the node's state directory (shared with other processes).
+        state_dir: the node's state directory (shared with other processes); ``None`` means
+            ``default_state_dir()`` (env ``NODEAGENT_SIM_STATE``, else the user's state dir).
         preset: seeds an empty state directory at ``nvmlInit``; an existing node is used as it is.
         clock: wall clock for telemetry and event timestamps (tests pass a fake one).
     """
 
     def __init__(
         self,
-        state_dir: Path | str,
+        state_dir: Path | str | None = None,
         preset: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = StateStore(Path(state_dir), clock=clock)
+        self.store = StateStore(Path(state_dir or default_state_dir()), clock=clock)
         self.preset = preset
         self.clock = clock
         self._init_count = 0

@@ -1,0 +1,154 @@
+"""``nodeagent sim``: manage a simulated node (presets, faults, processes).
+
+Thin over :class:`nodeagent.sim.control.SimControl`. Every command works on the state directory
+given by ``--state-dir`` / ``NODEAGENT_SIM_STATE`` and seeds an empty one from ``--simulate`` /
+``NODEAGENT_SIMULATE``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nodeagent.cli.common import JsonOption, SimulateOption, StateDirOption, emit_json, fail
+from nodeagent.cli.common import print_table as _print_table
+from nodeagent.sim.control import SimControl, SimError
+from nodeagent.sim.ops import FAULT_KINDS
+from nodeagent.sim.presets import PRESETS
+from nodeagent.sim.state import default_state_dir
+
+app = typer.Typer(
+    name="sim",
+    help="Manage a simulated GPU node: presets, fault injection, fake processes.",
+    no_args_is_help=True,
+)
+process_app = typer.Typer(help="Attach or detach fake compute processes.", no_args_is_help=True)
+app.add_typer(process_app, name="process")
+
+GpuOption = Annotated[int, typer.Option("--gpu", help="GPU index.", show_default=False)]
+MigOption = Annotated[
+    str | None,
+    typer.Option("--mig", help="MIG device UUID (MIG-...) on that GPU.", show_default=False),
+]
+
+
+def _control(simulate: str | None, state_dir: Path | None) -> SimControl:
+    return SimControl(state_dir or default_state_dir(), preset=simulate)
+
+
+def _run_or_fail(simulate: str | None, state_dir: Path | None) -> SimControl:
+    """A control object; exits 2 on a bad preset before anything else happens."""
+    if simulate is not None and simulate not in PRESETS:
+        fail(f"unknown preset {simulate!r}", f"choose one of: {', '.join(PRESETS)}")
+    return _control(simulate, state_dir)
+
+
+@app.command("presets")
+def presets_cmd(json_out: JsonOption = False) -> None:
+    """List the node presets."""
+    rows = SimControl.presets()
+    if json_out:
+        emit_json([{"name": name, "description": text} for name, text in rows])
+        return
+    _print_table(["PRESET", "DESCRIPTION"], [[name, text] for name, text in rows])
+
+
+@app.command("reset")
+def reset_cmd(simulate: SimulateOption = None, state_dir: StateDirOption = None) -> None:
+    """Recreate the simulated node from a preset (default: the node's current preset)."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.reset(simulate)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+    state = control.store.read()
+    gpus = len(state["gpus"])
+    sys.stdout.write(
+        f"simulated node {state['preset']} ({gpus} GPUs) in {control.store.state_dir}\n"
+    )
+
+
+@app.command("inject")
+def inject_cmd(
+    kind: Annotated[str, typer.Argument(help=f"Fault kind: {', '.join(FAULT_KINDS)}.")],
+    gpu: GpuOption,
+    mig: MigOption = None,
+    code: Annotated[
+        int | None,
+        typer.Option(
+            "--code", help="XID code (xid), or link index (nvlink-down).", show_default=False
+        ),
+    ] = None,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", help="New driver version (driver).", show_default=False),
+    ] = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Inject a fault into one GPU."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.inject(kind, gpu, mig_uuid=mig, code=code, version=version)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+
+
+@app.command("clear")
+def clear_cmd(
+    gpu: GpuOption, simulate: SimulateOption = None, state_dir: StateDirOption = None
+) -> None:
+    """End a GPU's faults (cumulative counters such as ECC stay)."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.clear(gpu)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+
+
+@app.command("reset-gpu")
+def reset_gpu_cmd(
+    gpu: GpuOption, simulate: SimulateOption = None, state_dir: StateDirOption = None
+) -> None:
+    """Reset one GPU as `nvidia-smi -r` does: apply a pending MIG mode, wipe its instances."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.reset_gpu(gpu)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+
+
+@process_app.command("add")
+def process_add_cmd(
+    gpu: GpuOption,
+    mig: MigOption = None,
+    memory_mib: Annotated[
+        int, typer.Option("--memory-mib", help="GPU memory the process uses, in MiB.")
+    ] = 1024,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Attach a fake compute process; prints its PID."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        pid = control.add_process(gpu, mig_uuid=mig, used_memory_mib=memory_mib)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+    sys.stdout.write(f"{pid}\n")
+
+
+@process_app.command("remove")
+def process_remove_cmd(
+    pid: Annotated[int, typer.Argument(help="PID printed by `process add`.")],
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Detach a fake compute process."""
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.remove_process(pid)
+    except SimError as exc:
+        fail(str(exc), exc.hint)
