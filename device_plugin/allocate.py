@@ -1,0 +1,154 @@
+"""Allocate: check a container's device IDs and build what the container runtime needs.
+
+Strategies follow NVIDIA's plugin so that the NVIDIA container runtime and CDI specs written
+for it work unchanged: ``envvar`` (NVIDIA_VISIBLE_DEVICES), ``volume-mounts`` (/dev/null mounts
+under /var/run/nvidia-container-devices, which an unprivileged pod cannot fake through env),
+``cdi-annotations`` and ``cdi-cri``. When every selected strategy is CDI, env and mounts are
+left out. MPS devices also get the pipe directory, shared memory and CUDA_MPS_PIPE_DIRECTORY.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from device_plugin.api.v1beta1 import api_pb2
+from device_plugin.resources import PluginDevice
+from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
+from nodeagent.config.policy import SharingMode
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+# Control devices every CUDA container needs; nvidiactl is always passed, the others if present.
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+class AllocationError(Exception):
+    """A request the plugin refuses; ``code`` is the gRPC status the kubelet receives."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class MpsPaths:
+    """Where one GPU's MPS daemon talks: host pipe directory and its path in the container."""
+
+    host_pipe_dir: Path
+    container_pipe_dir: Path
+    host_shm_dir: Path
+
+
+def validate(
+    resource: str,
+    devices: Mapping[str, PluginDevice],
+    ids: Sequence[str],
+    unhealthy: Callable[[PluginDevice], str | None],
+) -> list[PluginDevice]:
+    """The devices behind ``ids``, or AllocationError naming the offending IDs and why."""
+    if not ids:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{resource}: no device IDs")
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if duplicates:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{resource}: duplicate device IDs in one container: {', '.join(duplicates)}",
+        )
+    unknown = [i for i in ids if i not in devices]
+    if unknown:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{resource}: unknown device IDs: {', '.join(unknown)}",
+        )
+    chosen = [devices[i] for i in ids]
+    sick = [(d.id, reason) for d in chosen if (reason := unhealthy(d)) is not None]
+    if sick:
+        detail = "; ".join(f"{i} ({reason})" for i, reason in sick)
+        raise AllocationError(
+            grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: unhealthy devices: {detail}"
+        )
+    strict = [d.id for d in chosen if d.shared and d.sharing.fail_requests_greater_than_one]
+    if len(chosen) > 1 and strict:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"request for '{resource}: {len(chosen)}' too large: maximum request size for "
+            f"shared resources is 1 (shared devices: {', '.join(strict)})",
+        )
+    mps_gpus = sorted({d.gpu_uuid for d in chosen if d.sharing.mode is SharingMode.MPS})
+    if mps_gpus and (len(mps_gpus) > 1 or len({d.gpu_uuid for d in chosen}) > 1):
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{resource}: devices {', '.join(ids)} span several GPUs including MPS GPU(s) "
+            f"{', '.join(mps_gpus)}; a container can reach only one MPS daemon",
+        )
+    return chosen
+
+
+def container_response(
+    chosen: Sequence[PluginDevice],
+    section: DevicePluginSection,
+    mps: Callable[[str], MpsPaths | None],
+) -> api_pb2.ContainerAllocateResponse:
+    """The runtime instructions for one container's devices."""
+    response = api_pb2.ContainerAllocateResponse()
+    uuids = list(dict.fromkeys(d.uuid for d in chosen))  # replicas of one GPU name it once
+    strategies = section.strategies
+    if not all(s.is_cdi for s in strategies):
+        if DeviceListStrategy.ENVVAR in strategies:
+            response.envs[VISIBLE_DEVICES] = ",".join(uuids)
+        if DeviceListStrategy.VOLUME_MOUNTS in strategies:
+            response.envs[VISIBLE_DEVICES] = VOLUME_MOUNT_ROOT
+            for uuid in uuids:
+                response.mounts.append(
+                    api_pb2.Mount(
+                        container_path=f"{VOLUME_MOUNT_ROOT}/{uuid}",
+                        host_path="/dev/null",
+                        read_only=True,
+                    )
+                )
+    names = [f"{section.cdi_kind}={uuid}" for uuid in uuids]
+    if DeviceListStrategy.CDI_ANNOTATIONS in strategies:
+        # Deterministic key: the same request gets the same annotation (kubelet retries).
+        digest = hashlib.sha256(",".join(uuids).encode()).hexdigest()[:16]
+        key = f"{section.cdi_annotation_prefix}nodeagent-device-plugin_{digest}"
+        response.annotations[key] = ",".join(names)
+    if DeviceListStrategy.CDI_CRI in strategies:
+        response.cdi_devices.extend(api_pb2.CDIDevice(name=n) for n in names)
+    if section.pass_device_specs:
+        _add_device_specs(response, chosen, section.dev_root)
+    for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in chosen):
+        paths = mps(gpu_uuid)
+        if paths is None:
+            continue
+        response.envs[MPS_PIPE_ENV] = str(paths.container_pipe_dir)
+        response.mounts.append(
+            api_pb2.Mount(
+                container_path=str(paths.container_pipe_dir), host_path=str(paths.host_pipe_dir)
+            )
+        )
+        response.mounts.append(
+            api_pb2.Mount(container_path="/dev/shm", host_path=str(paths.host_shm_dir))
+        )
+    return response
+
+
+def _add_device_specs(
+    response: api_pb2.ContainerAllocateResponse, chosen: Sequence[PluginDevice], dev_root: Path
+) -> None:
+    paths = [f"nvidia{minor}" for minor in dict.fromkeys(d.minor_number for d in chosen)]
+    paths.append(CONTROL_DEVICES[0])
+    paths.extend(name for name in CONTROL_DEVICES[1:] if (dev_root / name).exists())
+    for name in paths:
+        response.devices.append(
+            api_pb2.DeviceSpec(
+                container_path=f"/dev/{name}", host_path=str(dev_root / name), permissions="rw"
+            )
+        )

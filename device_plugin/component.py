@@ -1,0 +1,106 @@
+"""The agent component that runs the device plugin (``build_component``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from device_plugin.manager import POLL_S, PluginManager
+from device_plugin.resources import ResourceError
+from nodeagent.agent.component import AgentContext
+from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.types import NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+NAME = "device-plugin"
+
+
+def device_layout(snapshot: NodeSnapshot) -> tuple[object, ...]:
+    """What of a snapshot decides the advertised devices (not telemetry, which moves always)."""
+    return tuple(
+        (
+            g.info.uuid,
+            g.info.mig_enabled,
+            tuple((i.profile, tuple(c.uuid for c in i.compute_instances)) for i in g.mig_instances),
+        )
+        for g in snapshot.gpus
+    )
+
+
+class DevicePluginComponent:
+    """Serves the kubelet device plugin API; re-serves on config or MIG layout change."""
+
+    name = NAME
+
+    def __init__(self, ctx: AgentContext, directory: Path) -> None:
+        self.ctx = ctx
+        self.directory = directory
+        self.manager: PluginManager | None = None
+        self._pending_config: AgentConfig | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        """Serving and registered with the kubelet."""
+        return self.manager is not None and self.manager.registered
+
+    def reload(self, config: AgentConfig) -> None:
+        """Take a new config (SIGHUP); applied by the run loop within one tick."""
+        with self._lock:
+            self._pending_config = config
+
+    def _first_snapshot(self, stop: threading.Event) -> NodeSnapshot | None:
+        generation = self.ctx.snapshots.generation
+        while not stop.is_set():
+            latest = self.ctx.snapshots.latest
+            if latest is not None:
+                return latest
+            self.ctx.snapshots.wait_newer(generation, 0.2)
+        return None
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop``; a MIG-strategy violation crashes when fail_on_init_error."""
+        snapshot = self._first_snapshot(stop)
+        if snapshot is None:
+            return
+        config = self.ctx.config
+        manager = PluginManager(self.directory, config.device_plugin, config.pool, self.ctx.health)
+        try:
+            manager.start(snapshot)
+        except ResourceError as exc:
+            manager.shutdown()
+            if config.device_plugin.fail_on_init_error:
+                raise
+            log.error("device plugin idle: %s", exc)
+            stop.wait()
+            return
+        self.manager = manager
+        layout = device_layout(snapshot)
+        try:
+            while not stop.wait(POLL_S):
+                with self._lock:
+                    pending, self._pending_config = self._pending_config, None
+                latest = self.ctx.snapshots.latest or snapshot
+                new_layout = device_layout(latest)
+                if pending is not None or new_layout != layout:
+                    config = pending or config
+                    try:
+                        manager.apply(latest, config.pool, config.device_plugin)
+                        layout = new_layout
+                    except ResourceError as exc:
+                        log.error("keeping the advertised devices: %s", exc)
+                        layout = new_layout
+                manager.tick()
+        finally:
+            manager.shutdown()
+            self.manager = None
+
+
+def build_component(ctx: AgentContext) -> DevicePluginComponent | None:
+    """The device plugin component, or None when ``device_plugin.enabled`` is false."""
+    section = ctx.config.device_plugin
+    if not section.enabled:
+        return None
+    return DevicePluginComponent(ctx, ctx.kubelet_dir or section.kubelet_dir)

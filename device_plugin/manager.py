@@ -1,0 +1,252 @@
+"""The plugin manager: every resource server, registration, kubelet restarts, health, reload.
+
+One loop (``tick`` every ``POLL_S``) watches the device-plugin directory with plain ``stat``
+calls: a new ``kubelet.sock`` (a restarted kubelet) makes every plugin register again, and a
+server whose socket was deleted is served again at once. Registration is retried with
+exponential backoff. Health changes from the health source are pushed to ListAndWatch streams
+from the health thread itself, so they do not wait for the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from device_plugin.allocate import MpsPaths
+from device_plugin.allocation import ScoreTable
+from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from device_plugin.health import HealthTracker
+from device_plugin.mps import MpsSupervisor, MpsTarget
+from device_plugin.resources import PluginDevice, Resource, build_resources, summarize
+from device_plugin.server import ResourceServer, ServingContext, options
+from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.policy import PoolPolicy, SharingMode
+from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.health.source import HealthSource
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+POLL_S = 0.05  # directory checks: a kubelet restart is noticed within this
+REGISTER_TIMEOUT_S = 2.0
+VANISH_DELIVERY_S = 1.0  # how long a vanished resource waits for its zero-device list to go out
+
+
+@dataclass
+class _Registration:
+    """Registration state of one resource server."""
+
+    registered: bool = False
+    next_attempt: float = 0.0
+    delay_s: float = 0.0
+    failures: int = 0
+    last_error: str | None = None
+
+
+class PluginManager:
+    """Serves every resource of the node and keeps them registered with the kubelet."""
+
+    def __init__(
+        self,
+        directory: Path,
+        section: DevicePluginSection,
+        pool: PoolPolicy,
+        health: HealthSource | None,
+    ) -> None:
+        self.directory = directory
+        self.section = section
+        self.pool = pool
+        self._lock = threading.RLock()
+        self.servers: dict[str, ResourceServer] = {}
+        self.registrations: dict[str, _Registration] = {}
+        self.registration_count = 0  # successful Register calls (for status and tests)
+        self._kubelet_identity: tuple[int, int, int] | None = None
+        self.health = HealthTracker(section.health_recovery_quiet_s, self.refresh)
+        self.mps = MpsSupervisor(section.mps, self.refresh)
+        self._table = ScoreTable({})
+        self._health_source = health
+        self._ctx = self._serving_context()
+
+    # --- serving context ----------------------------------------------------------------------
+    def _serving_context(self) -> ServingContext:
+        return ServingContext(self.section, self._table, self.unhealthy, self.mps_paths)
+
+    def unhealthy(self, device: PluginDevice) -> str | None:
+        """Why a device is advertised Unhealthy (its GPU or MIG device, or its MPS daemon)."""
+        reason = self.health.reason(device.gpu_uuid, device.uuid)
+        if reason is None and device.sharing.mode is SharingMode.MPS and device.shared:
+            reason = self.mps.reason(device.gpu_uuid)
+        return reason
+
+    def mps_paths(self, gpu_uuid: str) -> MpsPaths | None:
+        """MPS mounts for containers on ``gpu_uuid`` (None unless it is shared through MPS)."""
+        return self.mps.paths(gpu_uuid)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self, snapshot: NodeSnapshot) -> None:
+        """Serve the snapshot's resources and register them (retrying in :meth:`tick`)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._kubelet_identity = self._kubelet_stat()
+        self.health.attach(self._health_source)
+        self.apply(snapshot, self.pool, self.section)
+
+    def apply(self, snapshot: NodeSnapshot, pool: PoolPolicy, section: DevicePluginSection) -> None:
+        """Adopt a new snapshot or config; re-serve only resources whose devices changed.
+
+        A resource that vanished is first advertised with zero devices, so the node's capacity
+        drops to zero before its server stops (the kubelet would otherwise keep the stale count).
+        Raises ResourceError when the node breaks the MIG strategy's rules.
+        """
+        resources = build_resources(snapshot, pool, section)
+        numa = {g.info.index: g.info.numa_node for g in snapshot.gpus}
+        with self._lock:
+            if section.kubelet_dir != self.section.kubelet_dir:
+                log.warning("kubelet_dir changes take effect at the next agent start")
+            self.pool, self.section = pool, section
+            self.health.quiet_s = section.health_recovery_quiet_s
+            self._table = ScoreTable.from_topology(snapshot.topology, numa)
+            self._ctx = self._serving_context()
+            self.mps.section = section.mps
+            self.mps.sync(self._mps_targets(snapshot, resources))
+            for name in list(self.servers):
+                if name not in resources:
+                    self._retire(name)
+            for name, resource in resources.items():
+                server = self.servers.get(name)
+                if server is not None:
+                    server.service.ctx = self._ctx
+                    if server.service.resource == resource:
+                        server.service.refresh()
+                        continue
+                    server.stop()
+                self._serve(resource)
+        log.info("device plugin resources: %s", summarize(resources))
+
+    def _mps_targets(
+        self, snapshot: NodeSnapshot, resources: Mapping[str, Resource]
+    ) -> dict[str, MpsTarget]:
+        memory = {g.info.uuid: g.info.memory_total_bytes // (1 << 20) for g in snapshot.gpus}
+        targets: dict[str, MpsTarget] = {}
+        for resource in resources.values():
+            for device in resource.devices:
+                if device.sharing.mode is SharingMode.MPS and device.shared:
+                    targets[device.gpu_uuid] = MpsTarget.for_gpu(
+                        device.gpu_uuid, device.gpu_index, device.sharing, memory[device.gpu_uuid]
+                    )
+        return targets
+
+    def _serve(self, resource: Resource) -> None:
+        server = ResourceServer(self.directory, resource, self._ctx)
+        server.start()
+        self.servers[resource.name] = server
+        self.registrations[resource.name] = _Registration()
+        self._register(resource.name)
+
+    def _retire(self, name: str) -> None:
+        server = self.servers.pop(name)
+        self.registrations.pop(name, None)
+        server.service.set_resource(Resource(name, ()))
+        if not server.service.wait_delivered(VANISH_DELIVERY_S):
+            log.warning("%s: the kubelet did not take the empty device list in time", name)
+        server.stop()
+        log.info("%s: no devices left; stopped serving it", name)
+
+    def refresh(self) -> None:
+        """Re-evaluate health on every server; streams get the list if it changed."""
+        for server in list(self.servers.values()):
+            server.service.refresh()
+
+    def shutdown(self) -> None:
+        """Stop every server (sockets removed), the MPS daemons and the health subscription."""
+        with self._lock:
+            self.health.detach()
+            for server in self.servers.values():
+                server.stop()
+            self.servers.clear()
+            self.mps.stop_all()
+
+    # --- registration and the kubelet watch ---------------------------------------------------
+    def _kubelet_stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = (self.directory / KUBELET_SOCKET).stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def _register(self, name: str) -> None:
+        state = self.registrations[name]
+        server = self.servers[name]
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=server.socket_path.name,
+            resource_name=name,
+            options=options(),
+        )
+        target = f"unix://{self.directory / KUBELET_SOCKET}"
+        try:
+            with grpc.insecure_channel(target) as channel:
+                api_pb2_grpc.RegistrationStub(channel).Register(
+                    request, timeout=REGISTER_TIMEOUT_S, wait_for_ready=False
+                )
+        except grpc.RpcError as exc:
+            state.registered = False
+            state.failures += 1
+            state.delay_s = min(
+                max(state.delay_s * 2, self.section.register_retry_initial_s),
+                self.section.register_retry_max_s,
+            )
+            state.next_attempt = time.monotonic() + state.delay_s
+            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            state.last_error = f"{exc.code().name if isinstance(exc, grpc.Call) else ''} {detail}"
+            log.warning(
+                "%s: registration with the kubelet failed (%s); retry %d in %.1fs",
+                name,
+                state.last_error.strip(),
+                state.failures,
+                state.delay_s,
+            )
+            return
+        state.registered = True
+        state.delay_s = 0.0
+        state.last_error = None
+        self.registration_count += 1
+        log.info("%s: registered with the kubelet (endpoint %s)", name, request.endpoint)
+
+    def tick(self) -> None:
+        """One pass of the watch loop: kubelet restarts, lost sockets, retries, recovery, MPS."""
+        with self._lock:
+            identity = self._kubelet_stat()
+            kubelet_new = identity is not None and identity != self._kubelet_identity
+            self._kubelet_identity = identity
+            for name, server in self.servers.items():
+                if not server.socket_present():
+                    log.info("%s: socket removed (kubelet restart?); serving again", name)
+                    server.start()
+                    self.registrations[name] = _Registration()
+                elif kubelet_new:
+                    self.registrations[name] = _Registration()
+            if identity is not None:
+                now = time.monotonic()
+                for name, state in self.registrations.items():
+                    if not state.registered and now >= state.next_attempt:
+                        self._register(name)
+        self.health.poll()
+        self.mps.check()
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop`` is set."""
+        while not stop.wait(POLL_S):
+            self.tick()
+
+    @property
+    def registered(self) -> bool:
+        """Whether every resource is registered with the current kubelet."""
+        with self._lock:
+            return all(r.registered for r in self.registrations.values())

@@ -1,0 +1,259 @@
+"""One resource's gRPC DevicePlugin server on its unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from device_plugin.allocate import AllocationError, MpsPaths, container_response, validate
+from device_plugin.allocation import ScoreTable, preferred_gpus, preferred_replicas
+from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from device_plugin.resources import PluginDevice, Resource
+from nodeagent.config.device_plugin import DevicePluginSection
+
+log = logging.getLogger(__name__)
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+MAX_WORKERS = 8  # one per open ListAndWatch stream plus concurrent Allocate calls
+
+
+@dataclass
+class ServingContext:
+    """What every resource server reads from the plugin manager (swapped on reload)."""
+
+    section: DevicePluginSection
+    table: ScoreTable
+    unhealthy: Callable[[PluginDevice], str | None]
+    mps_paths: Callable[[str], MpsPaths | None]
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """The DevicePlugin service of one resource."""
+
+    def __init__(self, resource: Resource, ctx: ServingContext) -> None:
+        self.ctx = ctx
+        self._cond = threading.Condition()
+        self._resource = resource
+        self._devices = resource.by_id()
+        self._version = 0
+        self._delivered = -1  # newest version some stream has handed to gRPC
+        self._message = api_pb2.ListAndWatchResponse()
+        self._stopped = False
+        self.streams_opened = 0  # ListAndWatch streams ever opened (tests check re-dials)
+        self.streams_open = 0
+        self.refresh()
+
+    @property
+    def resource(self) -> Resource:
+        """The resource served now."""
+        return self._resource
+
+    def set_resource(self, resource: Resource) -> None:
+        """Serve a new device list (same name), e.g. zero devices before stopping."""
+        with self._cond:
+            self._resource = resource
+            self._devices = resource.by_id()
+        self.refresh()
+
+    def refresh(self) -> bool:
+        """Recompute health; notify ListAndWatch streams when the list changed."""
+        message = api_pb2.ListAndWatchResponse()
+        for device in self._resource.devices:
+            entry = message.devices.add(
+                ID=device.id, health=UNHEALTHY if self.ctx.unhealthy(device) else HEALTHY
+            )
+            if device.numa_node is not None:
+                entry.topology.nodes.add(ID=device.numa_node)
+        with self._cond:
+            if message == self._message and self._version > 0:
+                return False
+            self._message = message
+            self._version += 1
+            self._cond.notify_all()
+        return True
+
+    def wait_delivered(self, timeout_s: float) -> bool:
+        """Wait until a stream has sent the newest list (or no stream is open)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._delivered < self._version and self.streams_open > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def resume(self) -> None:
+        """Accept streams again after :meth:`stop` (the server is re-served)."""
+        with self._cond:
+            self._stopped = False
+
+    def stop(self) -> None:
+        """End every ListAndWatch stream."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    # --- RPCs ---------------------------------------------------------------------------------
+    def GetDevicePluginOptions(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
+        """The options sent at registration."""
+        return options()
+
+    def ListAndWatch(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        """The full device list now and after every change, until the server stops."""
+        seen = 0
+        with self._cond:
+            self.streams_opened += 1
+            self.streams_open += 1
+        try:
+            while True:
+                with self._cond:
+                    if self._version == seen and not self._stopped:
+                        self._cond.wait(0.5)
+                    if self._stopped:
+                        return
+                    if self._version == seen:
+                        if not context.is_active():
+                            return
+                        continue
+                    seen, message = self._version, self._message
+                yield message
+                with self._cond:
+                    self._delivered = max(self._delivered, seen)
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self.streams_open -= 1
+                self._cond.notify_all()
+
+    def GetPreferredAllocation(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        """Topology-aware choice for whole GPUs, spread/pack placement for replicas and MIG."""
+        response = api_pb2.PreferredAllocationResponse()
+        devices = self._devices
+        for req in request.container_requests:
+            available = list(req.available_deviceIDs)
+            must = list(req.must_include_deviceIDs)
+            unknown = [i for i in (*available, *must) if i not in devices]
+            if unknown:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self._resource.name}: unknown device IDs: {', '.join(unknown)}",
+                )
+            try:
+                chosen = self._prefer(devices, available, must, req.allocation_size)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self._resource.name}: {exc}")
+            response.container_responses.add(deviceIDs=chosen)
+        return response
+
+    def _prefer(
+        self, devices: dict[str, PluginDevice], available: list[str], must: list[str], size: int
+    ) -> list[str]:
+        picked = [devices[i] for i in available]
+        if any(d.shared or d.mig_profile is not None for d in picked):
+            # Placement is a per-GPU policy; the first available device's GPU decides.
+            placement = picked[0].sharing.replica_placement
+            return preferred_replicas(devices, available, must, size, placement)
+        by_index = {devices[i].gpu_index: i for i in available}
+        indices = preferred_gpus(
+            self.ctx.table, list(by_index), [devices[i].gpu_index for i in must], size
+        )
+        return [by_index[g] for g in indices]
+
+    def Allocate(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocateResponse:
+        """Check every container's IDs and return its runtime instructions."""
+        response = api_pb2.AllocateResponse()
+        devices = self._devices
+        for req in request.container_requests:
+            try:
+                chosen = validate(
+                    self._resource.name, devices, list(req.devices_ids), self.ctx.unhealthy
+                )
+            except AllocationError as exc:
+                log.warning("Allocate refused: %s", exc.message)
+                context.abort(exc.code, exc.message)
+            response.container_responses.append(
+                container_response(chosen, self.ctx.section, self.ctx.mps_paths)
+            )
+        return response
+
+    def PreStartContainer(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
+        """Not required (pre_start_required is false); answers for completeness."""
+        return api_pb2.PreStartContainerResponse()
+
+
+def options() -> api_pb2.DevicePluginOptions:
+    """What every resource server offers the kubelet."""
+    return api_pb2.DevicePluginOptions(
+        pre_start_required=False, get_preferred_allocation_available=True
+    )
+
+
+class ResourceServer:
+    """A gRPC server for one resource on ``<dir>/<socket>``, owner-only, removed on stop."""
+
+    def __init__(self, directory: Path, resource: Resource, ctx: ServingContext) -> None:
+        self.directory = directory
+        self.service = DevicePluginService(resource, ctx)
+        self.socket_path = directory / resource.socket_name
+        self._server: grpc.Server | None = None
+        self.socket_identity: tuple[int, int] | None = None
+
+    @property
+    def name(self) -> str:
+        """The resource name."""
+        return self.service.resource.name
+
+    def start(self) -> None:
+        """(Re)bind the socket and serve."""
+        self.stop(grace_s=0)
+        self.service.resume()
+        self.socket_path.unlink(missing_ok=True)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="dp-grpc")
+        )
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        # gRPC creates the socket with the process umask; only the kubelet (root) may talk to it.
+        os.chmod(self.socket_path, 0o600)
+        st = self.socket_path.stat()
+        self.socket_identity = (st.st_dev, st.st_ino)
+        self._server = server
+
+    def socket_present(self) -> bool:
+        """Whether our socket file is still the one we bound (the kubelet deletes it)."""
+        try:
+            st = self.socket_path.stat()
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self.socket_identity
+
+    def stop(self, grace_s: float = 0.5) -> None:
+        """Stop serving and remove the socket if it is still ours."""
+        if self._server is None:
+            return
+        self.service.stop()
+        self._server.stop(grace_s).wait(grace_s + 1.0)
+        if self.socket_present():
+            self.socket_path.unlink(missing_ok=True)
+        self._server = None
