@@ -1,0 +1,206 @@
+"""The HTTP server and the metrics component on a simulated node."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from exporter_factories import parse_samples, value
+
+from exporters import build_component
+from exporters.component import MetricsExporter
+from exporters.render import Rendered
+from exporters.server import MetricsServer, TlsFiles, parse_address
+from nodeagent.agent.component import AgentContext
+from nodeagent.agent.sampler import Sampler
+from nodeagent.config.metrics import MetricsSection
+from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.node import GpuNode
+from nodeagent.sim.control import SimControl
+
+BODY = b"# HELP x y\n# TYPE x gauge\nx 1.0\n"
+
+
+def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path, headers=headers or {})
+    resp = conn.getresponse()
+    out = resp.status, dict(resp.getheaders()), resp.read()
+    conn.close()
+    return out
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., MetricsServer]]:
+    servers: list[MetricsServer] = []
+
+    def start(body: Rendered | None, ready: bool = True, **kw: object) -> MetricsServer:
+        server = MetricsServer("127.0.0.1:0", lambda: body, lambda: ready,
+                               clock=lambda: 1003.0, **kw)  # type: ignore[arg-type]
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.mark.parametrize(
+    ("address", "pair"),
+    [
+        pytest.param("0.0.0.0:9475", ("0.0.0.0", 9475), id="ipv4"),
+        pytest.param("[::1]:9475", ("::1", 9475), id="ipv6"),
+        pytest.param(":9475", ("", 9475), id="all addresses"),
+    ],
+)
+def test_parse_address(address: str, pair: tuple[str, int]) -> None:
+    assert parse_address(address) == pair
+
+
+@pytest.mark.parametrize("address", ["9475", "host:", "host:99999", "host:http"])
+def test_parse_address_rejects(address: str) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address(address)
+
+
+def test_metrics_plain_and_gzip_carry_the_age(serve: Callable[..., MetricsServer]) -> None:
+    server = serve(Rendered(BODY, gzip.compress(BODY), 1000.0))
+    status, headers, body = get(server.port, "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert body.startswith(BODY) and body.endswith(b"nodeagent_snapshot_age_seconds 3.000\n")
+    status, headers, zipped = get(server.port, "/metrics", {"Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(zipped) == body  # multi-member gzip decodes to the same text
+
+
+@pytest.mark.parametrize(
+    ("body", "ready", "path", "status"),
+    [
+        pytest.param(None, True, "/metrics", 503, id="nothing rendered yet"),
+        pytest.param(None, True, "/healthz", 200, id="alive"),
+        pytest.param(None, False, "/readyz", 503, id="not ready"),
+        pytest.param(None, True, "/readyz", 200, id="ready"),
+        pytest.param(None, True, "/nope", 404, id="unknown path"),
+    ],
+)
+def test_endpoints(
+    serve: Callable[..., MetricsServer], body: Rendered | None, ready: bool, path: str,
+    status: int,
+) -> None:
+    assert get(serve(body, ready).port, path)[0] == status
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make test certificates")
+    for name in ("ca", "server", "client"):
+        _openssl("genrsa", "-out", str(tmp_path / f"{name}.key"), "2048")
+    _openssl("req", "-x509", "-new", "-key", str(tmp_path / "ca.key"), "-subj", "/CN=test-ca",
+             "-days", "1", "-out", str(tmp_path / "ca.pem"))
+    ext = tmp_path / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-new", "-key", str(tmp_path / f"{name}.key"), "-subj", f"/CN={name}",
+                 "-out", str(tmp_path / f"{name}.csr"))
+        _openssl("x509", "-req", "-in", str(tmp_path / f"{name}.csr"), "-CA",
+                 str(tmp_path / "ca.pem"), "-CAkey", str(tmp_path / "ca.key"), "-CAcreateserial",
+                 "-days", "1", "-extfile", str(ext), "-out", str(tmp_path / f"{name}.pem"))
+    return tmp_path
+
+
+def _https_get(port: int, pki: Path, client_cert: bool) -> int:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    if client_cert:
+        ctx.load_cert_chain(pki / "client.pem", pki / "client.key")
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=5)
+    conn.request("GET", "/healthz")
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_tls_with_client_certificates(serve: Callable[..., MetricsServer], pki: Path) -> None:
+    tls = TlsFiles(pki / "server.pem", pki / "server.key", pki / "ca.pem")
+    server = serve(None, tls=tls)
+    assert _https_get(server.port, pki, client_cert=True) == 200
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _https_get(server.port, pki, client_cert=False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        pytest.param({"address": "9475"}, "HOST:PORT", id="address without port"),
+        pytest.param({"tls_cert_file": Path("c")}, "set together", id="cert without key"),
+        pytest.param({"tls_client_ca_file": Path("ca")}, "needs tls_cert_file", id="ca alone"),
+        pytest.param({"pod_resources_interval_s": 0.1}, "between 1 and 3600", id="fast poll"),
+    ],
+)
+def test_config_validation(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MetricsSection(**fields)
+
+
+def test_disabled_builds_nothing(make_node: Callable[..., GpuNode], tmp_path: Path) -> None:
+    config = AgentConfig(metrics=MetricsSection(enabled=False))
+    ctx = AgentContext(config=config, node=make_node("t4"), state_dir=tmp_path)
+    assert build_component(ctx) is None
+
+
+def test_component_renders_each_snapshot_once_and_serves_it(
+    make_node: Callable[..., GpuNode], sim_state_dir: Path, tmp_path: Path
+) -> None:
+    node = make_node("dgx-h100")
+    config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:9", pod_attribution=False))
+    ctx = AgentContext(config=config, node=node, state_dir=tmp_path,
+                       metrics_address="127.0.0.1:0")  # the CLI override wins
+    exporter = build_component(ctx)
+    assert isinstance(exporter, MetricsExporter)
+    sampler = Sampler(node, ctx.snapshots, 1.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=exporter.run, args=(stop,))
+    thread.start()
+    try:
+        sampler.sample_once()
+        assert _wait(lambda: exporter.ready)
+        port = exporter.server.port  # type: ignore[union-attr]
+        first = parse_samples(get(port, "/metrics")[2].decode())
+        assert value(first, "nodeagent_gpus") == 8.0
+        assert value(first, "nodeagent_gpu_row_remap_pending", gpu="2") == 0.0
+        renders = exporter.renderer.renders
+        for _ in range(3):  # scrapes never render
+            get(port, "/metrics")
+        assert exporter.renderer.renders == renders
+        SimControl(sim_state_dir).inject("remap-pending", 2)
+        sampler.sample_once()
+        assert _wait(lambda: exporter.renderer.renders == renders + 1)
+        after = parse_samples(get(port, "/metrics")[2].decode())
+        assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
+        exporter.set_ready_check(lambda: False)
+        assert get(port, "/readyz")[0] == 503
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    done = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return True
+        done.wait(0.01)
+    return cond()
