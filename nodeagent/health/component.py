@@ -1,0 +1,144 @@
+"""The agent's health component: event thread, snapshot checks and the reporter.
+
+``build_component(ctx)`` creates the model at once and sets ``ctx.health``, so components built
+after it (device plugin, exporter) can subscribe before anything runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from nodeagent.agent.component import AgentContext
+from nodeagent.agent.snapshots import SnapshotStore
+from nodeagent.config.kubernetes import KubernetesSection
+from nodeagent.gpu.node import GpuNode
+from nodeagent.health.model import HealthModel
+from nodeagent.health.report import history_path
+from nodeagent.health.reporter import Reporter
+from nodeagent.kube.node import NodePatcher, make_api
+
+log = logging.getLogger(__name__)
+
+EVENT_WAIT_S = 0.5  # how often the event thread looks at the stop flag
+
+
+class HealthComponent:
+    """Runs the event thread and the reporter; snapshot checks run on the sampler's thread.
+
+    Snapshot checks are cheap (no NVML calls: they read the snapshot), so they run inside the
+    sampler's publish callback and a fault seen in a sample is in the model before the next one.
+    """
+
+    name = "health"
+
+    def __init__(
+        self,
+        model: HealthModel,
+        node: GpuNode,
+        snapshots: SnapshotStore,
+        reporter: Reporter,
+    ) -> None:
+        self.model = model
+        self.node = node
+        self.snapshots = snapshots
+        self.reporter = reporter
+        self._ready = threading.Event()
+        self._event_error: BaseException | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True once the event set is open and one snapshot was checked (or none can come)."""
+        return self._ready.is_set()
+
+    def _watch_events(self, stop: threading.Event, opened: threading.Event) -> None:
+        try:
+            watcher = self.node.watch_events()
+        except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
+            self._event_error = exc
+            opened.set()
+            stop.set()
+            return
+        opened.set()
+        try:
+            while not stop.is_set():
+                event = watcher.wait(EVENT_WAIT_S)
+                if event is not None:
+                    self.model.on_event(event)
+        except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
+            # Crash the whole component so the supervisor restarts it and counts it.
+            self._event_error = exc
+            stop.set()
+        finally:
+            watcher.close()
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch events, check snapshots and report until ``stop`` is set."""
+        local_stop = threading.Event()
+        opened = threading.Event()
+        events = threading.Thread(
+            target=self._watch_events, args=(local_stop, opened), name="health-events", daemon=True
+        )
+        events.start()
+        unsubscribe = self.snapshots.subscribe(self.model.on_snapshot)
+        latest = self.snapshots.latest
+        if latest is not None:
+            self.model.on_snapshot(latest)
+        relay = threading.Thread(target=_relay, args=(stop, local_stop), daemon=True)
+        relay.start()
+        try:
+            opened.wait()
+            if self._event_error is None:
+                self._ready.set()
+            self.reporter.run(local_stop)
+        finally:
+            local_stop.set()
+            unsubscribe()
+            events.join(timeout=EVENT_WAIT_S * 4)
+            self._ready.clear()
+        if self._event_error is not None and not stop.is_set():
+            error, self._event_error = self._event_error, None
+            raise RuntimeError(f"health event thread failed: {error}") from error
+
+
+def _relay(outer: threading.Event, inner: threading.Event) -> None:
+    """Set ``inner`` when ``outer`` is set (or stop when ``inner`` is set first)."""
+    while not inner.is_set():
+        if outer.wait(EVENT_WAIT_S):
+            inner.set()
+
+
+def make_patcher(section: KubernetesSection, node_name: str) -> NodePatcher | None:
+    """The node patcher when Kubernetes is enabled, else None (state file only)."""
+    if not section.enabled:
+        return None
+    return NodePatcher(node_name, make_api(section), request_timeout_s=section.request_timeout_s)
+
+
+def build_model(ctx: AgentContext) -> HealthModel:
+    """The health model for the agent's config, with its history in the state directory."""
+    return HealthModel(
+        ctx.config.health,
+        expected_driver=ctx.config.pool.expected_driver_version,
+        history_path=history_path(Path(ctx.state_dir)),
+    )
+
+
+def build_component(ctx: AgentContext) -> HealthComponent | None:
+    """The health component, or None when ``health.enabled`` is false. Sets ``ctx.health``."""
+    cfg = ctx.config
+    if not cfg.health.enabled:
+        return None
+    model = build_model(ctx)
+    ctx.health = model
+    kube = cfg.kubernetes
+    reporter = Reporter(
+        model,
+        Path(ctx.state_dir),
+        cfg.node_name,
+        patcher=make_patcher(kube, cfg.node_name),
+        retry_initial_s=kube.retry_initial_s,
+        retry_max_s=kube.retry_max_s,
+    )
+    return HealthComponent(model, ctx.node, ctx.snapshots, reporter)

@@ -1,0 +1,154 @@
+"""The reporter: turns the model's state into the state file and the node's Kubernetes flags.
+
+It runs on the health component's thread, woken at once by any change in the model and at
+least every ``health.report_interval_s``. While the API server is unreachable it retries with
+exponential backoff (``kubernetes.retry_initial_s`` doubling to ``retry_max_s``); the state
+file and the history are written regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from nodeagent.config.health import HealthSection
+from nodeagent.health.model import HealthModel, NodeHealth
+from nodeagent.health.report import node_reasons, write_status
+from nodeagent.health.score import StabilityLevel
+from nodeagent.health.source import HealthState
+from nodeagent.kube.node import (
+    ANNOTATION_REASONS,
+    ANNOTATION_SCORE,
+    LABEL_DRIVER,
+    LABEL_HEALTH,
+    LABEL_STABILITY,
+    KubeUnavailableError,
+    NodeFlags,
+    NodePatcher,
+    label_value,
+)
+
+log = logging.getLogger(__name__)
+
+_REASONS = {
+    HealthState.HEALTHY: "GPUsHealthy",
+    HealthState.DEGRADED: "GPUDegraded",
+    HealthState.UNHEALTHY: "GPUUnhealthy",
+    HealthState.LOST: "GPULost",
+}
+
+
+def desired_flags(health: NodeHealth, config: HealthSection) -> NodeFlags:
+    """The condition, labels, annotations and taint that describe ``health``."""
+    worst = health.worst
+    reasons = node_reasons(health)
+    actions = sorted({d.action for d in health.devices if d.reasons and d.action != "none"})
+    if reasons:
+        message = "; ".join(reasons)
+        if actions:
+            message += f" (action: {', '.join(actions)})"
+    else:
+        message = "all GPUs healthy"
+    message += f"; stability {health.level.value}, score {health.score:.1f}"
+    labels = [(LABEL_HEALTH, worst.value), (LABEL_STABILITY, health.level.value)]
+    if health.driver_version:
+        labels.append((LABEL_DRIVER, label_value(health.driver_version)))
+    annotations = (
+        (ANNOTATION_SCORE, f"{health.score:.1f}"),
+        (ANNOTATION_REASONS, json.dumps(reasons)),
+    )
+    return NodeFlags(
+        healthy=worst.schedulable,
+        reason=_REASONS[worst],
+        message=message,
+        labels=tuple(labels),
+        annotations=annotations,
+        taint=config.taint_unstable and health.level is StabilityLevel.UNSTABLE,
+    )
+
+
+class Reporter:
+    """Writes the state file and history, and patches the node when it runs in Kubernetes."""
+
+    def __init__(
+        self,
+        model: HealthModel,
+        state_dir: Path,
+        node_name: str,
+        *,
+        patcher: NodePatcher | None = None,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.state_dir = state_dir
+        self.node_name = node_name
+        self.patcher = patcher
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        self.wake = threading.Event()
+        self.failures = 0  # consecutive failed patches
+        self._retry_at = 0.0
+        self._last_error: str | None = None
+        self._last_status: tuple[object, ...] | None = None
+        self._last_written = 0.0
+
+    def report_once(self) -> float:
+        """Write what changed; returns how long to wait before the next attempt (seconds)."""
+        health = self.model.node_health()
+        interval = self.model.config.report_interval_s
+        self.model.save()
+        # The state file carries the time of writing, so rewrite on change or on heartbeat.
+        key = (
+            health.level,
+            round(health.score, 1),
+            health.flapping,
+            health.devices,
+            health.driver_version,
+        )
+        now = time.monotonic()
+        if key != self._last_status or now - self._last_written >= interval:
+            write_status(self.state_dir, health, self.node_name)
+            self._last_status = key
+            self._last_written = now
+        if self.patcher is None:
+            return interval
+        if now < self._retry_at:
+            return self._retry_at - now
+        try:
+            self.patcher.apply(desired_flags(health, self.model.config))
+        except KubeUnavailableError as exc:
+            self.failures += 1
+            delay = min(self.retry_initial_s * 2.0 ** (self.failures - 1), self.retry_max_s)
+            if str(exc) != self._last_error:  # log each distinct failure once
+                log.warning(
+                    "cannot flag node %s (retrying, every %.1fs at most %.0fs): %s",
+                    self.node_name,
+                    delay,
+                    self.retry_max_s,
+                    exc,
+                )
+                self._last_error = str(exc)
+            self._retry_at = now + delay
+            return delay
+        if self.failures:
+            log.info("API server reachable again; node %s flags caught up", self.node_name)
+        self.failures = 0
+        self._last_error = None
+        return interval
+
+    def run(self, stop: threading.Event, *, tick: float = 1.0) -> None:
+        """Report on every change and heartbeat until ``stop``; expire faults every ``tick``."""
+        remove = self.model.add_listener(self.wake.set)
+        try:
+            while not stop.is_set():
+                self.wake.clear()
+                wait = self.report_once()
+                self.wake.wait(min(wait, tick))
+                self.model.tick()
+        finally:
+            remove()
+            self.model.save()

@@ -1,0 +1,200 @@
+"""The node stability score: a decayed, severity-weighted memory of faults.
+
+Formula (documented in docs/health.md)::
+
+    score(t) = sum_i  w_i * 2 ** (-(t - t_i) / H)
+
+where ``t_i`` is when fault ``i`` began, ``w_i`` its severity weight and ``H`` the half-life
+(``health.half_life_s``, default 24 h). The level (stable / degraded / unstable) moves up when the
+score reaches an ``*_enter`` threshold and back down only when it falls below the lower
+``*_exit`` threshold, so a score hovering around one value does not make the level flip.
+Independently, a node whose GPUs change state ``flap_transitions`` times within ``flap_window_s``
+is *flapping* and counts as unstable until the count in the window falls below half of that.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import tempfile
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeagent.config.health import HealthSection
+
+# Records whose decayed weight fell below this are dropped: they no longer move the score.
+_NEGLIGIBLE = 1e-3
+# A hard cap on remembered faults, so a pathological storm cannot grow the file without bound.
+_MAX_RECORDS = 5000
+_MAX_TRANSITIONS = 10000
+HISTORY_VERSION = 1
+
+
+class StabilityLevel(enum.StrEnum):
+    """How stable the node has been lately, best first."""
+
+    STABLE = "stable"
+    DEGRADED = "degraded"
+    UNSTABLE = "unstable"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRecord:
+    """One fault onset remembered by the score."""
+
+    time_s: float  # wall clock when the fault began
+    weight: float  # severity weight (see weights in docs/health.md)
+    gpu_index: int
+    reason: str
+
+
+class StabilityScore:
+    """The decayed score, its level with hysteresis, and flapping detection.
+
+    Not thread-safe on its own: the health model calls it under its lock.
+    """
+
+    def __init__(self, config: HealthSection) -> None:
+        self.config = config
+        self.records: list[FaultRecord] = []
+        self.transitions: deque[float] = deque(maxlen=_MAX_TRANSITIONS)
+        self.score_level = StabilityLevel.STABLE  # the hysteretic level from the score alone
+        self.flapping = False
+
+    # --- inputs ------------------------------------------------------------------------------
+    def record(self, record: FaultRecord) -> None:
+        """Remember a fault onset and re-evaluate the level."""
+        if record.weight <= 0:
+            return
+        self.records.append(record)
+        if len(self.records) > _MAX_RECORDS:
+            # Keep the heaviest contribution: drop the oldest (least weight after decay).
+            del self.records[: len(self.records) - _MAX_RECORDS]
+        self.update(record.time_s)
+
+    def transition(self, now_s: float) -> None:
+        """Count one device state change (for flapping) and re-evaluate."""
+        self.transitions.append(now_s)
+        self.update(now_s)
+
+    # --- outputs -----------------------------------------------------------------------------
+    def score(self, now_s: float) -> float:
+        """The decayed sum of fault weights at ``now_s``."""
+        half_life = self.config.half_life_s
+        total = 0.0
+        for rec in self.records:
+            age = max(now_s - rec.time_s, 0.0)
+            total += rec.weight * math.pow(2.0, -age / half_life)
+        return total
+
+    def transitions_in_window(self, now_s: float) -> int:
+        """Device state changes within the flapping window ending at ``now_s``."""
+        start = now_s - self.config.flap_window_s
+        return sum(1 for t in self.transitions if t > start)
+
+    def level(self, now_s: float) -> StabilityLevel:
+        """The node's level: the score's hysteretic level, or unstable while flapping."""
+        self.update(now_s)
+        return StabilityLevel.UNSTABLE if self.flapping else self.score_level
+
+    def update(self, now_s: float) -> None:
+        """Apply the hysteresis rules at ``now_s`` and prune what no longer counts."""
+        cfg = self.config
+        s = self.score(now_s)
+        level = self.score_level
+        if level is StabilityLevel.STABLE:
+            if s >= cfg.unstable_enter:
+                level = StabilityLevel.UNSTABLE
+            elif s >= cfg.degraded_enter:
+                level = StabilityLevel.DEGRADED
+        elif level is StabilityLevel.DEGRADED:
+            if s >= cfg.unstable_enter:
+                level = StabilityLevel.UNSTABLE
+            elif s < cfg.degraded_exit:
+                level = StabilityLevel.STABLE
+        elif s < cfg.unstable_exit:
+            level = StabilityLevel.DEGRADED if s >= cfg.degraded_exit else StabilityLevel.STABLE
+        self.score_level = level
+
+        count = self.transitions_in_window(now_s)
+        if count >= cfg.flap_transitions:
+            self.flapping = True
+        elif self.flapping and count < cfg.flap_transitions / 2:
+            self.flapping = False
+        self._prune(now_s)
+
+    def _prune(self, now_s: float) -> None:
+        half_life = self.config.half_life_s
+        self.records = [
+            r
+            for r in self.records
+            if r.weight * math.pow(2.0, -max(now_s - r.time_s, 0.0) / half_life) >= _NEGLIGIBLE
+        ]
+        start = now_s - self.config.flap_window_s
+        while self.transitions and self.transitions[0] <= start:
+            self.transitions.popleft()
+
+    # --- persistence -------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The score's state as JSON-ready data."""
+        return {
+            "score_level": self.score_level.value,
+            "flapping": self.flapping,
+            "records": [
+                {"t": r.time_s, "w": r.weight, "gpu": r.gpu_index, "reason": r.reason}
+                for r in self.records
+            ],
+            "transitions": list(self.transitions),
+        }
+
+    def load_json(self, data: dict[str, Any]) -> None:
+        """Restore state written by :meth:`to_json` (unknown keys ignored)."""
+        self.score_level = StabilityLevel(data.get("score_level", "stable"))
+        self.flapping = bool(data.get("flapping", False))
+        self.records = [
+            FaultRecord(float(r["t"]), float(r["w"]), int(r["gpu"]), str(r["reason"]))
+            for r in data.get("records", [])
+        ]
+        self.transitions = deque(
+            (float(t) for t in data.get("transitions", [])), maxlen=_MAX_TRANSITIONS
+        )
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so a reader sees the old or the new file, never half.
+
+    Written to a temporary file in the same directory, flushed to disk, then renamed over the
+    target (rename is atomic within one filesystem).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or ``None`` when it does not exist.
+
+    Raises:
+        ValueError: the file exists but is not valid JSON (named in the message).
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc

@@ -1,0 +1,1 @@
+"""A thin adapter over the official ``kubernetes`` client for patching this node."""
