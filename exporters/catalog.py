@@ -75,6 +75,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         "nodeagent_gpus", G, (), "1", "GPUs the node reports, lost ones included.", "inventory"
     ),
     MetricSpec(
+        "nodeagent_node_pool_info",
+        G,
+        ("pool",),
+        "1",
+        "The pool this node belongs to (node.pool); always 1. Join on instance to roll nodes "
+        "up into pools.",
+        "inventory",
+    ),
+    MetricSpec(
         "nodeagent_gpu_lost",
         G,
         _GPU,

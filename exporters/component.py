@@ -77,6 +77,7 @@ class MetricsExporter:
                 health=lambda: self.ctx.health,
                 allocations=lambda: self.poller.latest if self.poller else None,
                 restarts=ctx.restarts,
+                pool=lambda: self.ctx.config.node.pool,
             )
         )
         self.latest: Rendered | None = None

@@ -155,6 +155,7 @@ class Sources:
     health: Callable[[], HealthSource | None] = lambda: None
     allocations: Callable[[], Allocations | None] = lambda: None
     restarts: Mapping[str, int] = field(default_factory=dict)
+    pool: Callable[[], str] = lambda: "default"
 
 
 class Renderer:
@@ -224,6 +225,7 @@ class Renderer:
 
     def _inventory(self, f: _Families, snap: NodeSnapshot, policy: PoolPolicy) -> None:
         f.add("nodeagent_gpus", (), len(snap.gpus))
+        f.add("nodeagent_node_pool_info", (self.sources.pool(),), 1)
         f.add("nodeagent_driver_info", (snap.driver_version, snap.cuda_driver_version), 1)
         expected = policy.expected_driver_version
         drift = expected is not None and expected != snap.driver_version
