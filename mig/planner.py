@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
-from nodeagent.gpu.types import GpuInstance, MigGeometry, Placement
+from nodeagent.gpu.types import GpuInstance, MigGeometry, MigProfile, Placement
 
 
 class Placed(Protocol):
@@ -142,13 +142,21 @@ def _mask(p: Placement) -> int:
     return ((1 << p.size) - 1) << p.start
 
 
+def memory_slices_of(profile: MigProfile) -> int:
+    """Memory slices one instance occupies: its placement size (NVML's ``sliceCount`` counts
+    SM slices, which differ for 3g and 7g, so the placements are the authority)."""
+    return profile.placements[0].size if profile.placements else profile.slices
+
+
 @lru_cache(maxsize=64)
 def _model(geometry: MigGeometry) -> _Model:
-    profiles = sorted(geometry.profiles, key=lambda p: (-p.slices, -p.compute_slices, p.name))
+    profiles = sorted(
+        geometry.profiles, key=lambda p: (-memory_slices_of(p), -p.compute_slices, p.name)
+    )
     placements = tuple(tuple(sorted(p.placements, key=lambda q: q.start)) for p in profiles)
     return _Model(
         names=tuple(p.name for p in profiles),
-        slices=tuple(p.slices for p in profiles),
+        slices=tuple(memory_slices_of(p) for p in profiles),
         max_count=tuple(p.max_count for p in profiles),
         placements=placements,
         masks=tuple(tuple(_mask(q) for q in group) for group in placements),

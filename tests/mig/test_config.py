@@ -20,15 +20,12 @@ from mig.config import (
 )
 from nodeagent.gpu.types import MigGeometry
 
-PCI_OF_MODEL = {8: {"1g.5gb": 0x20B010DE, "1g.10gb": 0x233010DE, "1g.18gb": 0x233510DE}}
-A30_PCI = 0x20B710DE
+PCI_BY_NAME = {"A100": 0x20B010DE, "H100": 0x233010DE, "H200": 0x233510DE, "A30": 0x20B710DE}
 
 
 def pci_for(geometry: MigGeometry) -> int:
-    if geometry.memory_slices == 4:
-        return A30_PCI
-    first = sorted(geometry.profiles, key=lambda p: (p.slices, p.name))[0].name
-    return PCI_OF_MODEL[8][first]
+    """The PCI device id of the model (A100 means the 40GB part in these fixtures)."""
+    return next(pci for key, pci in PCI_BY_NAME.items() if key in geometry.model)
 
 
 def node_of(geometry: MigGeometry, n: int = 8) -> list[GpuFacts]:
