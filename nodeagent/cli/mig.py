@@ -1,0 +1,483 @@
+"""``nodeagent mig``: plan, apply, assert, show and export MIG layouts (mig-parted v1 files).
+
+Thin over :mod:`mig.config`, :mod:`mig.planner` and :mod:`mig.apply`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from mig.apply import ApplyReport, GpuReport, dry_run, execute, prepare
+from mig.config import (
+    DEFAULT_CONFIG_FILE,
+    GpuTarget,
+    HooksFile,
+    MigConfigError,
+    MigConfigFile,
+    load_config,
+    load_hooks,
+    parse_config,
+    render_config,
+)
+from mig.planner import creatable, fragmentation_ratio, rank_order
+from nodeagent.cli.common import (
+    EXIT_DRIFT,
+    EXIT_OK,
+    EXIT_USAGE,
+    JsonOption,
+    SimulateOption,
+    StateDirOption,
+    emit_json,
+    fail,
+    open_node_or_exit,
+    print_table,
+)
+from nodeagent.gpu.errors import GpuError
+from nodeagent.gpu.node import GpuNode
+
+app = typer.Typer(
+    help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",
+    no_args_is_help=True,
+)
+
+ConfigFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "-f",
+        "--config-file",
+        envvar="NODEAGENT_MIG_CONFIG_FILE",
+        help="Layout file (mig-parted v1). Default: the standard layouts shipped with nodeagent.",
+        show_default=False,
+    ),
+]
+ConfigNameOption = Annotated[
+    str | None,
+    typer.Option(
+        "-c",
+        "--config",
+        envvar="NODEAGENT_MIG_CONFIG",
+        help="Name of the layout in the file (a key of mig-configs).",
+        show_default=False,
+    ),
+]
+MigStateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mig-state-dir",
+        envvar="NODEAGENT_MIG_STATE_DIR",
+        help="Where apply keeps its intent file for crash recovery (default: next to the "
+        "simulator state, or /var/lib/nodeagent).",
+        show_default=False,
+    ),
+]
+
+
+def _config_errors(exc: MigConfigError, hint: str) -> NoReturn:
+    """Every problem on its own line, then one hint; exit 2."""
+    for problem in exc.problems:
+        sys.stderr.write(f"error: {problem}\n")
+    sys.stderr.write(f"hint: {hint}\n")
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _load(file: Path | None, name: str | None) -> tuple[MigConfigFile, str]:
+    path = file or DEFAULT_CONFIG_FILE
+    try:
+        cfg = load_config(path)
+    except MigConfigError as exc:
+        _config_errors(exc, "fix the file; the format is mig-parted's v1 (see docs/mig.md)")
+    if not name:
+        fail(
+            "no layout name given",
+            "pass -c NAME (or set NODEAGENT_MIG_CONFIG); this file has: "
+            + ", ".join(sorted(cfg.configs)),
+        )
+    return cfg, name
+
+
+def _mig_state_dir(explicit: Path | None, sim_state: Path | None, simulated: bool) -> Path:
+    if explicit is not None:
+        return explicit
+    if simulated:
+        base = sim_state or Path.home() / ".local" / "state" / "nodeagent"
+        return base / "mig"
+    return Path("/var/lib/nodeagent/mig")
+
+
+def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Any:
+    try:
+        return prepare(node, cfg, name, force=force)
+    except MigConfigError as exc:
+        _config_errors(exc, "nothing was changed; fix the layout for this node's GPUs")
+    except GpuError as exc:
+        fail(str(exc), "check the GPUs with `nodeagent mig show`")
+
+
+# --- slice maps ------------------------------------------------------------------------------
+
+CELL = 9  # characters per memory slice in a slice map
+
+
+def slice_map(memory_slices: int, items: list[tuple[str, int, int, bool]]) -> list[str]:
+    """Two lines: slice numbers, then instances drawn over the slices they occupy.
+
+    ``items`` are (profile, start, size, busy); busy instances are marked with ``*``.
+    """
+    header = "".join(f"{i:<{CELL}}" for i in range(memory_slices)).rstrip()
+    row = []
+    slot = 0
+    for name, start, size, busy in sorted(items, key=lambda t: t[1]):
+        while slot < start:
+            row.append(f"{'.':<{CELL}}")
+            slot += 1
+        width = size * CELL
+        label = (name + ("*" if busy else ""))[: width - 2]
+        row.append("[" + label.center(width - 2, "-") + "]")
+        slot = start + size
+    while slot < memory_slices:
+        row.append(f"{'.':<{CELL}}")
+        slot += 1
+    return [header, "".join(row).rstrip()]
+
+
+def _labels_to_items(
+    labels: list[str], busy: set[str] | None = None
+) -> list[tuple[str, int, int, bool]]:
+    out = []
+    for label in labels:
+        profile, _, where = label.partition("@")
+        start, _, size = where.partition(":")
+        out.append((profile, int(start), int(size.split()[0]), label in (busy or set())))
+    return out
+
+
+# --- plan / apply ----------------------------------------------------------------------------
+
+
+def _print_report(
+    report: ApplyReport, slices: dict[int, int], before: dict[int, list[str]]
+) -> None:
+    rows = []
+    for g in report.gpus:
+        if g.errors:
+            state = "error"
+        elif g.reset_required:
+            state = "reset required"
+        elif g.changed:
+            state = "would change" if report.dry_run else "changed"
+        else:
+            state = "matches"
+        rows.append(
+            [
+                str(g.index),
+                g.model,
+                state,
+                str(len(g.kept)),
+                str(len(g.destroyed)),
+                str(len(g.created)),
+            ]
+        )
+    print_table(["GPU", "MODEL", "RESULT", "KEPT", "DESTROYED", "CREATED"], rows)
+    for g in report.gpus:
+        lines = []
+        if g.mode_change:
+            lines.append(f"  MIG mode: {g.mode_change}")
+        lines += [f"  - destroy {d}" for d in g.destroyed]
+        lines += [f"  + create  {c}" for c in g.created]
+        lines += [f"  ! {g.reset_required}"] if g.reset_required else []
+        lines += [f"  ! {e}" for e in g.errors]
+        if not lines:
+            continue
+        sys.stdout.write(f"\nGPU {g.index} ({g.model})\n")
+        sys.stdout.write("\n".join(lines) + "\n")
+        if g.index in slices and (g.destroyed or g.created):
+            for title, labels in (("before", before.get(g.index, [])), ("after", g.holds)):
+                head, body = slice_map(slices[g.index], _labels_to_items(labels))
+                sys.stdout.write(f"  {'':<7}{head}\n  {title:<7}{body}\n")
+    for e in report.errors:
+        sys.stdout.write(f"\n{e}\n")
+
+
+@app.command()
+def plan(
+    file: ConfigFileOption = None,
+    name: ConfigNameOption = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Allow destroying busy instances.")
+    ] = False,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show what `apply` would do on each GPU: kept, destroyed, created, and the slice maps."""
+    cfg, name = _load(file, name)
+    node = open_node_or_exit(simulate, state_dir)
+    prepared = _prepare_or_exit(node, cfg, name, force)
+    del prepared  # validated; dry_run re-plans the same way
+    report = dry_run(node, cfg, name, force=force)
+    before = _before(node, [g.index for g in report.gpus])
+    if as_json:
+        data = report.to_dict()
+        for g in data["gpus"]:
+            g["before"] = before[g["index"]]
+        emit_json(data)
+    else:
+        _print_report(report, _slices(node, report.gpus), before)
+    raise typer.Exit(EXIT_OK if all(not g.errors for g in report.gpus) else EXIT_DRIFT)
+
+
+def _before(node: GpuNode, indices: list[int]) -> dict[int, list[str]]:
+    out = {}
+    for i in indices:
+        on = node.info(i).mig_enabled
+        out[i] = [
+            f"{g.profile}@{g.placement.start}:{g.placement.size}"
+            for g in (node.mig_instances(i) if on else ())
+        ]
+    return out
+
+
+def _slices(node: GpuNode, gpus: list[GpuReport]) -> dict[int, int]:
+    out = {}
+    for g in gpus:
+        geometry = node.mig_geometry(g.index)
+        if geometry is not None:
+            out[g.index] = geometry.memory_slices
+    return out
+
+
+@app.command()
+def apply(
+    file: ConfigFileOption = None,
+    name: ConfigNameOption = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Show the plan; change nothing.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask before destroying instances.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Destroy busy instances when the layout needs it.")
+    ] = False,
+    allow_reset: Annotated[
+        bool,
+        typer.Option(
+            "--allow-reset",
+            envvar="NODEAGENT_MIG_ALLOW_RESET",
+            help="Reset idle GPUs whose MIG mode change is pending.",
+        ),
+    ] = False,
+    hooks_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--hooks",
+            "-k",
+            envvar="NODEAGENT_MIG_HOOKS_FILE",
+            help="Hooks file (mig-parted hooks v1).",
+            show_default=False,
+        ),
+    ] = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    mig_state: MigStateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Make the GPUs hold the layout, touching as few instances as possible."""
+    cfg, name = _load(file, name)
+    hooks: HooksFile | None = None
+    if hooks_file is not None:
+        try:
+            hooks = load_hooks(hooks_file)
+        except MigConfigError as exc:
+            _config_errors(exc, "fix the hooks file (mig-parted hooks v1 shape)")
+    if dry:
+        plan(
+            file=file,
+            name=name,
+            force=force,
+            simulate=simulate,
+            state_dir=state_dir,
+            as_json=as_json,
+        )
+    node = open_node_or_exit(simulate, state_dir)
+    prepared = _prepare_or_exit(node, cfg, name, force)
+    before = _before(node, [w.index for w in prepared.work])
+    doomed = prepared.destroys
+    if doomed and not yes and all(w.error is None for w in prepared.work):
+        if not sys.stdin.isatty():
+            fail(
+                f"the layout destroys {len(doomed)} instance(s): "
+                + ", ".join(doomed[:6])
+                + (" ..." if len(doomed) > 6 else ""),
+                "pass --yes to go ahead, or --dry-run to see the plan",
+            )
+        sys.stdout.write("This destroys:\n" + "".join(f"  {d}\n" for d in doomed))
+        if not typer.confirm("Go ahead?", default=False):
+            fail("cancelled; nothing was changed", "pass --yes to skip the question")
+    state = _mig_state_dir(mig_state, state_dir, node.simulated)
+    try:
+        report = execute(
+            node, prepared, cfg, state_dir=state, force=force, allow_reset=allow_reset, hooks=hooks
+        )
+    except GpuError as exc:
+        fail(str(exc), "see `nodeagent mig show` for what each GPU holds now", EXIT_DRIFT)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        if report.resumed_from:
+            sys.stdout.write(f"note: resumed an interrupted apply of {report.resumed_from!r}\n")
+        _print_report(report, _slices(node, report.gpus), before)
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_DRIFT)
+
+
+@app.command(name="assert")
+def assert_(
+    file: ConfigFileOption = None,
+    name: ConfigNameOption = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Exit 0 when the GPUs hold the layout, 1 listing the differences."""
+    cfg, name = _load(file, name)
+    node = open_node_or_exit(simulate, state_dir)
+    prepared = _prepare_or_exit(node, cfg, name, False)
+    diffs: list[str] = []
+    for w in prepared.work:
+        if w.current != w.target.mig_enabled:
+            diffs.append(
+                f"GPU {w.index}: MIG is {'on' if w.current else 'off'}, layout wants "
+                f"{'on' if w.target.mig_enabled else 'off'}"
+            )
+            continue
+        if w.pending != w.target.mig_enabled:
+            diffs.append(f"GPU {w.index}: a MIG mode change is pending (reset required)")
+        diffs += [f"GPU {w.index}: half-made instance {i.label}" for i in w.halfmade]
+        if w.plan is not None:
+            diffs += [f"GPU {w.index}: has {i.label}, not in the layout" for i in w.plan.destroy]
+            diffs += [f"GPU {w.index}: lacks {c.profile}" for c in w.plan.create]
+        elif w.error is not None:
+            diffs.append(f"GPU {w.index}: {w.error}")
+    if as_json:
+        emit_json({"config": name, "matches": not diffs, "differences": diffs})
+    elif diffs:
+        sys.stdout.write(f"layout {name!r} is not applied:\n" + "".join(f"  {d}\n" for d in diffs))
+    else:
+        sys.stdout.write(
+            f"layout {name!r} is applied on GPUs "
+            + ",".join(str(w.index) for w in prepared.work)
+            + "\n"
+        )
+    raise typer.Exit(EXIT_DRIFT if diffs else EXIT_OK)
+
+
+# --- show / export ---------------------------------------------------------------------------
+
+
+def _gpu_view(node: GpuNode, index: int) -> dict[str, Any]:
+    info = node.info(index)
+    geometry = node.mig_geometry(index)
+    instances = node.mig_instances(index) if geometry is not None and info.mig_enabled else ()
+    view: dict[str, Any] = {
+        "index": index,
+        "model": info.name,
+        "mig_capable": geometry is not None,
+        "mig_enabled": info.mig_enabled,
+        "mig_pending": info.mig_pending,
+        "instances": [
+            {
+                "profile": g.profile,
+                "placement": {"start": g.placement.start, "size": g.placement.size},
+                "uuid": g.uuid,
+                "busy": g.busy,
+                "instance_id": g.instance_id,
+            }
+            for g in instances
+        ],
+        "creatable": {},
+        "fragmentation_ratio": 0.0,
+    }
+    if geometry is not None and info.mig_enabled:
+        view["creatable"] = creatable(geometry, instances)
+        view["fragmentation_ratio"] = round(fragmentation_ratio(geometry, instances), 4)
+        view["memory_slices"] = geometry.memory_slices
+        view["profiles"] = list(rank_order(geometry))
+    return view
+
+
+@app.command()
+def show(
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A slice map per GPU: instances over the memory slices, free slots, what still fits."""
+    node = open_node_or_exit(simulate, state_dir)
+    try:
+        views = [_gpu_view(node, i) for i in range(node.count())]
+    except GpuError as exc:
+        fail(str(exc), "check the GPUs with `nvidia-smi` (or the simulator state)")
+    if as_json:
+        emit_json({"gpus": views})
+        return
+    for v in views:
+        mode = "MIG on" if v["mig_enabled"] else ("MIG off" if v["mig_capable"] else "no MIG")
+        if v["mig_pending"] != v["mig_enabled"] and v["mig_capable"]:
+            mode += f" (pending {'on' if v['mig_pending'] else 'off'}: reset required)"
+        sys.stdout.write(f"GPU {v['index']}  {v['model']}  {mode}\n")
+        if not v["mig_enabled"]:
+            sys.stdout.write("\n")
+            continue
+        items = [
+            (i["profile"], i["placement"]["start"], i["placement"]["size"], i["busy"])
+            for i in v["instances"]
+        ]
+        head, body = slice_map(v["memory_slices"], items)
+        sys.stdout.write(f"  {head}\n  {body}\n")
+        taken = {s for _, st, sz, _ in items for s in range(st, st + sz)}
+        free = [str(s) for s in range(v["memory_slices"]) if s not in taken]
+        fits = [f"{p} x{v['creatable'][p]}" for p in v["profiles"] if v["creatable"][p]]
+        sys.stdout.write(f"  free slices: {', '.join(free) or 'none'}\n")
+        sys.stdout.write(f"  still fits:  {', '.join(fits) or 'nothing'}\n")
+        sys.stdout.write(
+            f"  fragmentation: {v['fragmentation_ratio']:.2f}"
+            + ("   (* = busy)" if any(i[3] for i in items) else "")
+            + "\n\n"
+        )
+
+
+@app.command()
+def export(
+    name: Annotated[
+        str, typer.Option("-c", "--config", help="Name to give the exported layout.")
+    ] = "current",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write here instead of stdout.")
+    ] = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """The current layout as a v1 file that `apply` accepts (applying it changes nothing)."""
+    node = open_node_or_exit(simulate, state_dir)
+    targets = []
+    try:
+        for i in range(node.count()):
+            if node.mig_geometry(i) is None:
+                continue
+            info = node.info(i)
+            counts: dict[str, int] = {}
+            for g in node.mig_instances(i) if info.mig_enabled else ():
+                counts[g.profile] = counts.get(g.profile, 0) + 1
+            targets.append(GpuTarget(i, info.mig_enabled, counts))
+    except GpuError as exc:
+        fail(str(exc), "check the GPUs with `nodeagent mig show`")
+    if not targets:
+        fail("no MIG-capable GPU on this node", "MIG needs an A100, A30, H100, H200 or newer")
+    text = render_config(name, targets)
+    parse_config(text, "export")  # the export must always be a valid file
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
