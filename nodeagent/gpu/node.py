@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import subprocess
 import threading
 import time
@@ -69,7 +68,6 @@ _DEFAULT_MAX_NVLINKS = 18
 _NO_SUCH_ITEM = errors.ABSENT_CODES | {errors.NVML_ERROR_INVALID_ARGUMENT}
 # Answers that leave a reading unknown without being a failure of the device.
 _UNANSWERED = errors.ABSENT_CODES | {errors.NVML_ERROR_NO_PERMISSION}
-_PROFILE_COMPUTE_SLICES = re.compile(r"^(\d+)g\.")
 
 # NVML event type bits (nvml.h nvmlEventType*) and what the agent calls them.
 _EVENT_SBE = 0x1
@@ -135,6 +133,35 @@ def _instance_id(value: int) -> int | None:
 def _cuda_version(raw: int) -> str:
     """NVML's CUDA driver version integer as ``major.minor`` (12080 -> "12.8")."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+def _profile(
+    nvml_index: int, info: Any, placements: tuple[Placement, ...], smallest_mib: int
+) -> MigProfile:
+    """A GPU-instance profile from NVML's profile info (v2) and its possible placements.
+
+    NVML's ``sliceCount`` counts SM (compute) slices: 3 for a 3g profile, which occupies 4 memory
+    slices. The memory-slice count is the placement size. Where NVML withheld the placements
+    (no privilege) it is estimated from the profile's memory in units of the smallest profile's,
+    which gives 1/2/4/8 on every table in the reference notes.
+    """
+    memory_mib = int(info.memorySizeMB)
+    slices = placements[0].size if placements else max(1, round(memory_mib / smallest_mib))
+    return MigProfile(
+        name=_text(info.name).removeprefix("MIG ").strip(),
+        profile_id=int(info.id),
+        nvml_index=nvml_index,
+        slices=slices,
+        compute_slices=int(info.sliceCount),
+        multiprocessors=int(info.multiprocessorCount),
+        memory_bytes=memory_mib * _MIB,
+        max_count=int(info.instanceCount),
+        copy_engines=int(info.copyEngineCount),
+        decoders=int(info.decoderCount),
+        jpeg_decoders=int(info.jpegCount),
+        ofa=int(info.ofaCount),
+        placements=placements,
+    )
 
 
 class EventWatcher:
@@ -517,7 +544,7 @@ class GpuNode:
         if not capable:
             return None
         h = self._handle(index)
-        profiles: list[MigProfile] = []
+        found: list[tuple[int, Any, tuple[Placement, ...]]] = []
         for nvml_index in range(_MAX_PROFILE_INDEX):
             info, code = self._attempt(
                 "nvmlDeviceGetGpuInstanceProfileInfo",
@@ -530,9 +557,17 @@ class GpuNode:
             if code == errors.NVML_ERROR_INVALID_ARGUMENT:
                 break  # the documented end of the enumeration
             if code == errors.NVML_SUCCESS:
-                profiles.append(self._profile(index, h, nvml_index, info))
+                found.append((nvml_index, info, self._placements(index, h, int(info.id))))
+        smallest_mib = min((max(int(info.memorySizeMB), 1) for _, info, _ in found), default=1)
+        profiles = [
+            _profile(nvml_index, info, placements, smallest_mib)
+            for nvml_index, info, placements in found
+        ]
         profiles.sort(key=lambda p: (-p.slices, -p.compute_slices, p.name))
-        memory_slices = max((p.end for q in profiles for p in q.placements), default=0)
+        memory_slices = max(
+            (q.end for p in profiles for q in p.placements),
+            default=max((p.slices for p in profiles), default=0),
+        )
         geometry = MigGeometry(
             model=self._static(index).name, memory_slices=memory_slices, profiles=tuple(profiles)
         )
@@ -541,26 +576,6 @@ class GpuNode:
         if profiles:
             self._geometry_cache[index] = geometry
         return geometry
-
-    def _profile(self, index: int, handle: Any, nvml_index: int, info: Any) -> MigProfile:
-        name = _text(info.name).removeprefix("MIG ").strip()
-        match = _PROFILE_COMPUTE_SLICES.match(name)
-        return MigProfile(
-            name=name,
-            profile_id=int(info.id),
-            nvml_index=nvml_index,
-            slices=int(info.sliceCount),
-            # NVML has no field for the SM-slice count; it is the "<n>g" of the profile name.
-            compute_slices=int(match.group(1)) if match else int(info.sliceCount),
-            multiprocessors=int(info.multiprocessorCount),
-            memory_bytes=int(info.memorySizeMB) * _MIB,
-            max_count=int(info.instanceCount),
-            copy_engines=int(info.copyEngineCount),
-            decoders=int(info.decoderCount),
-            jpeg_decoders=int(info.jpegCount),
-            ofa=int(info.ofaCount),
-            placements=self._placements(index, handle, int(info.id)),
-        )
 
     def _placements(self, index: int, handle: Any, profile_id: int) -> tuple[Placement, ...]:
         fn = "nvmlDeviceGetGpuInstancePossiblePlacements"
@@ -1137,7 +1152,9 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
             raise InvalidArgument(
                 f"unknown simulator preset {preset!r}; choose one of: {', '.join(names)}"
             )
-        return GpuNode(_sim().SimNvml(state_dir, preset), simulated=True)
+        from nodeagent.sim import SimNvml  # imported only when a preset is asked for
+
+        return GpuNode(SimNvml(state_dir, preset), simulated=True)
     try:
         import pynvml
     except ImportError as exc:
