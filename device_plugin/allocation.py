@@ -205,3 +205,31 @@ def preferred_replicas(
         chosen.append(pick)
         taken[gpu] = taken.get(gpu, 0) + 1
     return chosen
+
+
+def exhaustive_best(
+    table: ScoreTable, available: Sequence[int], must_include: Sequence[int], size: int
+) -> tuple[int, int, int]:
+    """The optimum objective by brute force, for tests and benchmarks (small nodes only).
+
+    Independent of the DP: every chosen set, and every ordering of the remainder cut into
+    groups of ``size`` (the last group shorter), are tried.
+    """
+    avail = sorted(set(available))
+    if len(avail) > 10:
+        raise ValueError("exhaustive_best is for at most 10 GPUs")
+    best: tuple[int, int, int] | None = None
+    free = [g for g in avail if g not in set(must_include)]
+    for extra in itertools.combinations(free, size - len(set(must_include))):
+        chosen = sorted({*must_include, *extra})
+        remaining = [g for g in avail if g not in chosen]
+        rest = 0
+        for order in itertools.permutations(remaining):
+            groups = [order[i : i + size] for i in range(0, len(order), size)]
+            rest = max(rest, sum(table.set_score(g) for g in groups))
+        own = table.set_score(chosen)
+        candidate = (own + rest, own, rest)
+        if best is None or candidate[:2] > best[:2]:
+            best = candidate
+    assert best is not None
+    return best
