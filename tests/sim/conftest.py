@@ -1,0 +1,64 @@
+"""Fixtures for the simulator's own tests: initialised SimNvml instances on private state dirs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.sim.control import SimControl
+from nodeagent.sim.nvml import SimNvml
+
+
+class FakeClock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_sim(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., SimNvml]]:
+    """``make_sim(preset)`` -> an initialised SimNvml on its own state dir (shut down after)."""
+    opened: list[SimNvml] = []
+
+    def factory(preset: str = "dgx-a100", state_dir: Path | None = None) -> SimNvml:
+        sim = SimNvml(state_dir or tmp_path / f"state-{preset}-{len(opened)}", preset, clock=clock)
+        sim.nvmlInit()
+        opened.append(sim)
+        return sim
+
+    yield factory
+    for sim in opened:
+        while sim._init_count > 0:
+            sim.nvmlShutdown()
+
+
+@pytest.fixture
+def control_for(clock: FakeClock) -> Callable[[SimNvml], SimControl]:
+    """The control API on the same state dir as a SimNvml."""
+
+    def factory(sim: SimNvml) -> SimControl:
+        return SimControl(sim.store.state_dir, clock=clock)
+
+    return factory
+
+
+def enable_mig(sim: SimNvml, index: int = 0) -> object:
+    """Turn MIG on for GPU ``index`` (set pending, reset) and return its handle."""
+    handle = sim.nvmlDeviceGetHandleByIndex(index)
+    sim.nvmlDeviceSetMigMode(handle, sim.NVML_DEVICE_MIG_ENABLE)
+    sim.sim_reset_gpu(index)
+    return handle
