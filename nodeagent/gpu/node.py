@@ -130,6 +130,14 @@ def _instance_id(value: int) -> int | None:
     return None if value == _NOT_AVAILABLE_UINT else int(value)
 
 
+def _address(handle: Any) -> int | None:
+    """The address behind an NVML handle (a ctypes pointer), to compare handles by identity."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+
+
 def _cuda_version(raw: int) -> str:
     """NVML's CUDA driver version integer as ``major.minor`` (12080 -> "12.8")."""
     return f"{raw // 1000}.{(raw % 1000) // 10}"
@@ -172,6 +180,7 @@ class EventWatcher:
         self._set: Any = node._call("nvmlEventSetCreate")
         self.registered: tuple[int, ...] = ()  # GPU indices with at least one event registered
         registered: list[int] = []
+        self._uuids: dict[int, str] = {}
         wanted = _EVENT_XID | _EVENT_SBE | _EVENT_DBE
         for index in range(node.count()):
             try:
@@ -182,10 +191,18 @@ class EventWatcher:
                     continue
                 if node._try("nvmlDeviceRegisterEvents", handle, mask, self._set, gpu=index):
                     registered.append(index)
+                    # Read now: a GPU that falls off the bus can no longer say who it was.
+                    self._uuids[index] = _text(node._call("nvmlDeviceGetUUID", handle, gpu=index))
             except GpuLost as exc:
                 # A lost GPU sends no events; the sampler reports it as lost.
                 log.warning("not watching events on GPU %d: %s", index, exc)
         self.registered = tuple(registered)
+        # Events name their GPU by handle. Matching the handle's address against the handles we
+        # hold needs no NVML call, so an event from a GPU that just fell off the bus (XID 79)
+        # is still attributed; NVML hands out one fixed handle per device.
+        self._by_address: dict[int | None, int] = {
+            _address(node._handles[i]): i for i in node._handles
+        }
 
     def wait(self, timeout_s: float) -> GpuEvent | None:
         """Block until an event arrives or the timeout passes (then ``None``)."""
@@ -207,9 +224,12 @@ class EventWatcher:
 
     def _event(self, kind: EventKind, data: Any) -> GpuEvent:
         node = self._node
-        index = int(node._call("nvmlDeviceGetIndex", data.device))
-        static = node._static_cache.get(index)
-        uuid = static.uuid if static else _text(node._call("nvmlDeviceGetUUID", data.device))
+        index = self._by_address.get(_address(data.device))
+        if index is None:
+            index = int(node._call("nvmlDeviceGetIndex", data.device))
+        uuid = self._uuids.get(index)
+        if uuid is None:
+            uuid = _text(node._call("nvmlDeviceGetUUID", data.device, gpu=index))
         return GpuEvent(
             kind=kind,
             gpu_index=index,
