@@ -53,7 +53,8 @@ def test_only_cataloged_metrics_are_used(exprs: object) -> None:
 
 def test_dashboard_uses_only_recorded_pool_series() -> None:
     used = {m for e in dashboard_exprs() for m in RECORDED.findall(e)}
-    assert used and used - recorded_names() == set()
+    assert used
+    assert used - recorded_names() == set()
 
 
 def test_rules_use_no_unknown_bare_series() -> None:
@@ -93,7 +94,10 @@ def _promtool() -> str:
 )
 def test_promtool(args: list[str]) -> None:
     result = subprocess.run(
-        [_promtool(), *args], capture_output=True, text=True, timeout=60,
+        [_promtool(), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
         cwd=RULE_TESTS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -8,39 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from exporter_factories import FakeKubelet
 
-from device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from device_plugin.api.podresources.v1 import api_pb2_grpc
 from exporters.podresources import MIN_INTERVAL_S, PodResourcesPoller, strip_replica
-
-
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
-    """Answers List and GetAllocatableResources from plain data and counts the calls."""
-
-    def __init__(self) -> None:
-        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # pod, ns, ctr, res, ids
-        self.allocatable: dict[str, list[str]] = {}
-        self.list_calls = 0
-        self.fail = False
-        self.allocatable_unimplemented = False
-
-    def List(self, request, context):
-        self.list_calls += 1
-        if self.fail:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet restarting")
-        out = api_pb2.ListPodResourcesResponse()
-        for pod, ns, ctr, res, ids in self.pods:
-            pr = out.pod_resources.add(name=pod, namespace=ns)
-            cr = pr.containers.add(name=ctr)
-            cr.devices.add(resource_name=res, device_ids=ids)
-        return out
-
-    def GetAllocatableResources(self, request, context):
-        if self.allocatable_unimplemented:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "old kubelet")
-        out = api_pb2.AllocatableResourcesResponse()
-        for res, ids in self.allocatable.items():
-            out.devices.add(resource_name=res, device_ids=ids)
-        return out
 
 
 @pytest.fixture
@@ -80,7 +51,8 @@ def test_poll_counts_and_attributes_with_replicas(kubelet: tuple[FakeKubelet, Pa
         ("infer", "web", "srv", "example.com/fpga", ["F-1"]),
     ]
     alloc = PodResourcesPoller(socket, 5.0, clock=lambda: 123.0).poll()
-    assert alloc is not None and alloc.ok
+    assert alloc is not None
+    assert alloc.ok
     assert alloc.advertised == {"nvidia.com/gpu": 4}
     assert alloc.allocated == {"nvidia.com/gpu": 3}
     held = {(d.pod, d.uuid): d.count for d in alloc.pod_devices}
@@ -92,8 +64,10 @@ def test_old_kubelet_without_allocatable(kubelet: tuple[FakeKubelet, Path]) -> N
     servicer.allocatable_unimplemented = True
     servicer.pods = [("p", "n", "c", "nvidia.com/mig-1g.10gb", ["MIG-x"])]
     alloc = PodResourcesPoller(socket, 5.0).poll()
-    assert alloc is not None and alloc.ok
-    assert alloc.advertised == {} and alloc.allocated == {"nvidia.com/mig-1g.10gb": 1}
+    assert alloc is not None
+    assert alloc.ok
+    assert alloc.advertised == {}
+    assert alloc.allocated == {"nvidia.com/mig-1g.10gb": 1}
 
 
 def test_failure_keeps_last_attribution_then_recovers(kubelet: tuple[FakeKubelet, Path]) -> None:
@@ -103,16 +77,21 @@ def test_failure_keeps_last_attribution_then_recovers(kubelet: tuple[FakeKubelet
     assert poller.poll() is not None
     servicer.fail = True
     failed = poller.poll()
-    assert failed is not None and not failed.ok and len(failed.pod_devices) == 1
+    assert failed is not None
+    assert not failed.ok
+    assert len(failed.pod_devices) == 1
     servicer.fail = False
     servicer.pods = []
     recovered = poller.poll()
-    assert recovered is not None and recovered.ok and recovered.pod_devices == ()
+    assert recovered is not None
+    assert recovered.ok
+    assert recovered.pod_devices == ()
 
 
 def test_missing_socket_is_reported_not_raised(tmp_path: Path) -> None:
     alloc = PodResourcesPoller(tmp_path / "absent.sock", 5.0).poll()
-    assert alloc is not None and not alloc.ok
+    assert alloc is not None
+    assert not alloc.ok
 
 
 def test_interval_has_a_floor(tmp_path: Path) -> None:

@@ -76,8 +76,9 @@ def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
     snap = snapshot(
         [
             gpu_state(0, mig=mig0),
-            gpu_state(1, mig=mig1, retired_pages_sbe=0, retired_pages_dbe=0,
-                      retired_pages_pending=False),
+            gpu_state(
+                1, mig=mig1, retired_pages_sbe=0, retired_pages_dbe=0, retired_pages_pending=False
+            ),
             gpu_state(2),
             gpu_state(3, processes=1),
             gpu_state(4, lost=True),
@@ -143,8 +144,15 @@ def test_labels_match_the_catalog() -> None:
 )
 def test_driver_drift(expected: str | None, drift: float) -> None:
     samples = render(snapshot([gpu_state(0)]), PoolPolicy(expected_driver_version=expected))
-    assert value(samples, "nodeagent_driver_drift", driver_version="570.124.06",
-                 expected_driver_version=expected or "") == drift
+    assert (
+        value(
+            samples,
+            "nodeagent_driver_drift",
+            driver_version="570.124.06",
+            expected_driver_version=expected or "",
+        )
+        == drift
+    )
     assert value(samples, "nodeagent_driver_info", driver_version="570.124.06") == 1.0
 
 
@@ -174,8 +182,9 @@ def test_telemetry_values_and_not_supported_left_out() -> None:
     assert value(samples, "nodeagent_gpu_power_watts", gpu="0") is None
     assert value(samples, "nodeagent_gpu_energy_joules_total", gpu="0") == 123456.0
     assert value(samples, "nodeagent_gpu_sm_clock_hertz", gpu="0") == 1.98e9
-    assert value(samples, "nodeagent_gpu_ecc_errors_total", type="corrected",
-                 scope="aggregate") == 5.0
+    assert (
+        value(samples, "nodeagent_gpu_ecc_errors_total", type="corrected", scope="aggregate") == 5.0
+    )
 
 
 def test_row_remap_pending_and_failure() -> None:
@@ -216,8 +225,17 @@ def test_mig_capacity(
 
 def test_mig_instance_series() -> None:
     samples = render(snapshot([gpu_state(0, mig=[instance(0, 5, "2g.20gb", 2, 2, busy=True)])]))
-    assert value(samples, "nodeagent_mig_instance_info", mig_profile="2g.20gb",
-                 mig_instance="5", placement_start="2", placement_size="2") == 1.0
+    assert (
+        value(
+            samples,
+            "nodeagent_mig_instance_info",
+            mig_profile="2g.20gb",
+            mig_instance="5",
+            placement_start="2",
+            placement_size="2",
+        )
+        == 1.0
+    )
     assert value(samples, "nodeagent_mig_instance_busy", mig_instance="5") == 1.0
 
 
@@ -254,7 +272,8 @@ def test_free_whole_gpus(
         1000.0, True, {}, {}, (PodDevice("nvidia.com/gpu", gpu_uuid(5), "p", "n", "c", 1),)
     )
     samples = render(
-        snapshot(gpus, nvlink=nvlink), PoolPolicy(request_sizes=request_sizes),
+        snapshot(gpus, nvlink=nvlink),
+        PoolPolicy(request_sizes=request_sizes),
         allocations=allocations,
     )
     assert value(samples, "nodeagent_free_gpus") == free
@@ -289,14 +308,19 @@ def test_xids_stability_and_pod_attribution() -> None:
     mig_pod = value(samples, "nodeagent_device_plugin_pod_devices", pod="infer")
     assert mig_pod == 1.0
     mig_labels = next(
-        dict(ls) for (n, ls), _ in samples.items()
+        dict(ls)
+        for (n, ls), _ in samples.items()
         if n == "nodeagent_device_plugin_pod_devices" and dict(ls)["pod"] == "infer"
     )
     assert (mig_labels["gpu"], mig_labels["mig_profile"], mig_labels["mig_instance"]) == (
-        "0", "1g.10gb", "7"
+        "0",
+        "1g.10gb",
+        "7",
     )
-    assert value(samples, "nodeagent_device_plugin_devices_advertised",
-                 resource="nvidia.com/gpu") == 2.0
+    assert (
+        value(samples, "nodeagent_device_plugin_devices_advertised", resource="nvidia.com/gpu")
+        == 2.0
+    )
     assert value(samples, "nodeagent_pod_resources_age_seconds") == 10.0
 
 
@@ -305,8 +329,7 @@ def test_nvml_errors_accumulate_across_snapshots() -> None:
     snap = snapshot([gpu_state(0)], nvml_errors={"nvmlDeviceGetPowerUsage": 2})
     renderer.render(snap)
     second = parse_samples(renderer.render(snap).body.decode())
-    assert value(second, "nodeagent_nvml_errors_total",
-                 function="nvmlDeviceGetPowerUsage") == 4.0
+    assert value(second, "nodeagent_nvml_errors_total", function="nvmlDeviceGetPowerUsage") == 4.0
 
 
 @pytest.mark.parametrize(

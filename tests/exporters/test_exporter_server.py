@@ -42,8 +42,9 @@ def serve() -> Iterator[Callable[..., MetricsServer]]:
     servers: list[MetricsServer] = []
 
     def start(body: Rendered | None, ready: bool = True, **kw: object) -> MetricsServer:
-        server = MetricsServer("127.0.0.1:0", lambda: body, lambda: ready,
-                               clock=lambda: 1003.0, **kw)  # type: ignore[arg-type]
+        server = MetricsServer(
+            "127.0.0.1:0", lambda: body, lambda: ready, clock=lambda: 1003.0, **kw
+        )  # type: ignore[arg-type]
         server.start()
         servers.append(server)
         return server
@@ -74,8 +75,10 @@ def test_parse_address_rejects(address: str) -> None:
 def test_metrics_plain_and_gzip_carry_the_age(serve: Callable[..., MetricsServer]) -> None:
     server = serve(Rendered(BODY, gzip.compress(BODY), 1000.0))
     status, headers, body = get(server.port, "/metrics")
-    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    assert body.startswith(BODY) and body.endswith(b"nodeagent_snapshot_age_seconds 3.000\n")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert body.startswith(BODY)
+    assert body.endswith(b"nodeagent_snapshot_age_seconds 3.000\n")
     status, headers, zipped = get(server.port, "/metrics", {"Accept-Encoding": "gzip"})
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(zipped) == body  # multi-member gzip decodes to the same text
@@ -92,7 +95,10 @@ def test_metrics_plain_and_gzip_carry_the_age(serve: Callable[..., MetricsServer
     ],
 )
 def test_endpoints(
-    serve: Callable[..., MetricsServer], body: Rendered | None, ready: bool, path: str,
+    serve: Callable[..., MetricsServer],
+    body: Rendered | None,
+    ready: bool,
+    path: str,
     status: int,
 ) -> None:
     assert get(serve(body, ready).port, path)[0] == status
@@ -108,16 +114,49 @@ def pki(tmp_path: Path) -> Path:
         pytest.skip("openssl is needed to make test certificates")
     for name in ("ca", "server", "client"):
         _openssl("genrsa", "-out", str(tmp_path / f"{name}.key"), "2048")
-    _openssl("req", "-x509", "-new", "-key", str(tmp_path / "ca.key"), "-subj", "/CN=test-ca",
-             "-days", "1", "-out", str(tmp_path / "ca.pem"))
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        str(tmp_path / "ca.key"),
+        "-subj",
+        "/CN=test-ca",
+        "-days",
+        "1",
+        "-out",
+        str(tmp_path / "ca.pem"),
+    )
     ext = tmp_path / "san.cnf"
     ext.write_text("subjectAltName=IP:127.0.0.1\n")
     for name in ("server", "client"):
-        _openssl("req", "-new", "-key", str(tmp_path / f"{name}.key"), "-subj", f"/CN={name}",
-                 "-out", str(tmp_path / f"{name}.csr"))
-        _openssl("x509", "-req", "-in", str(tmp_path / f"{name}.csr"), "-CA",
-                 str(tmp_path / "ca.pem"), "-CAkey", str(tmp_path / "ca.key"), "-CAcreateserial",
-                 "-days", "1", "-extfile", str(ext), "-out", str(tmp_path / f"{name}.pem"))
+        _openssl(
+            "req",
+            "-new",
+            "-key",
+            str(tmp_path / f"{name}.key"),
+            "-subj",
+            f"/CN={name}",
+            "-out",
+            str(tmp_path / f"{name}.csr"),
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(tmp_path / f"{name}.csr"),
+            "-CA",
+            str(tmp_path / "ca.pem"),
+            "-CAkey",
+            str(tmp_path / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(tmp_path / f"{name}.pem"),
+        )
     return tmp_path
 
 
@@ -165,8 +204,9 @@ def test_component_renders_each_snapshot_once_and_serves_it(
 ) -> None:
     node = make_node("dgx-h100")
     config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:9", pod_attribution=False))
-    ctx = AgentContext(config=config, node=node, state_dir=tmp_path,
-                       metrics_address="127.0.0.1:0")  # the CLI override wins
+    ctx = AgentContext(
+        config=config, node=node, state_dir=tmp_path, metrics_address="127.0.0.1:0"
+    )  # the CLI override wins
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
     sampler = Sampler(node, ctx.snapshots, 1.0)

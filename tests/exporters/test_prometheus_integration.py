@@ -1,0 +1,206 @@
+"""A real Prometheus scrapes the exporter on a simulated dgx-h100 with MIG and pods.
+
+The test starts ``prometheus`` on loopback with a temporary config and data directory, waits
+for a scrape, reads series back through the HTTP query API, injects faults in the simulator
+and waits for the series to change. With ``CI=true`` it must run: a missing binary fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from exporter_factories import FakeKubelet
+
+from device_plugin.api.podresources.v1 import api_pb2_grpc
+from exporters.component import MetricsExporter, build_component
+from nodeagent.agent.component import AgentContext
+from nodeagent.agent.sampler import Sampler
+from nodeagent.config.metrics import MetricsSection
+from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.schema import AgentConfig, NodeSection
+from nodeagent.gpu.node import GpuNode
+from nodeagent.sim.control import SimControl
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def prometheus_binary() -> str:
+    path = shutil.which("prometheus")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("prometheus is missing in CI: apt-get install prometheus")
+        pytest.skip("prometheus not installed (Debian package prometheus)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    """A Prometheus server process with a query helper."""
+
+    def __init__(self, binary: str, workdir: Path, target: str) -> None:
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = workdir / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+            "scrape_configs:\n  - job_name: nodeagent\n"
+            f"    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self.log = (workdir / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr}
+        )
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def wait_for(self, expr: str, check: Callable[[list[dict]], bool], timeout_s: float) -> list:
+        deadline = time.monotonic() + timeout_s
+        last: list[dict] = []
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"prometheus exited with {self.proc.returncode}")
+            try:
+                last = self.query(expr)
+                if check(last):
+                    return last
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.25)
+        pytest.fail(f"{expr} never satisfied the check; last result {last}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture
+def agent(
+    make_node: Callable[..., GpuNode], sim_state_dir: Path, tmp_path: Path
+) -> Iterator[tuple[MetricsExporter, SimControl, GpuNode]]:
+    """Sampler + exporter on dgx-h100 with 2 GPUs split into 1g.10gb and a pod on each MIG."""
+    node = make_node("dgx-h100")
+    control = SimControl(sim_state_dir)
+    kubelet = FakeKubelet()
+    for gpu in (0, 1):
+        control.set_mig_mode(gpu, True)
+        control.reset_gpu(gpu)
+        geometry = node.mig_geometry(gpu)
+        assert geometry is not None
+        profile = geometry.profile("1g.10gb")
+        assert profile is not None
+        for placement in profile.placements:
+            node.create_gpu_instance(gpu, "1g.10gb", placement)
+    mig_uuids = [gi.uuid for g in (0, 1) for gi in node.mig_instances(g)]
+    kubelet.allocatable = {"nvidia.com/mig-1g.10gb": [u for u in mig_uuids if u]}
+    kubelet.pods = [
+        (f"infer-{n}", "serving", "model", "nvidia.com/mig-1g.10gb", [uuid])
+        for n, uuid in enumerate(mig_uuids[:5])
+        if uuid
+    ]
+    socket_path = tmp_path / "pod-resources.sock"
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(kubelet, grpc_server)
+    grpc_server.add_insecure_port(f"unix://{socket_path}")
+    grpc_server.start()
+
+    config = AgentConfig(
+        node=NodeSection(pool="train"),
+        metrics=MetricsSection(
+            address="127.0.0.1:0", pod_resources_socket=socket_path, pod_resources_interval_s=1
+        ),
+        pools={"train": PoolPolicy(expected_driver_version="570.124.06")},
+    )
+    ctx = AgentContext(config=config, node=node, state_dir=tmp_path / "state")
+    exporter = build_component(ctx)
+    assert isinstance(exporter, MetricsExporter)
+    sampler = Sampler(node, ctx.snapshots, 0.5)
+    stop = threading.Event()
+    threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, exporter)]
+    for t in threads:
+        t.start()
+    try:
+        yield exporter, control, node
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        grpc_server.stop(None)
+
+
+def test_prometheus_scrapes_series_and_sees_faults(
+    agent: tuple[MetricsExporter, SimControl, GpuNode], tmp_path: Path
+) -> None:
+    binary = prometheus_binary()
+    exporter, control, _node = agent
+    deadline = time.monotonic() + 10
+    while exporter.server is None or not exporter.ready:
+        assert time.monotonic() < deadline, "exporter never became ready"
+        time.sleep(0.05)
+    prom = Prometheus(binary, tmp_path / "prom", f"127.0.0.1:{exporter.server.port}")
+    try:
+        prom.wait_for('up{job="nodeagent"}', lambda r: r and r[0]["value"][1] == "1", 60)
+        gpus = prom.query("nodeagent_gpus")
+        assert gpus[0]["value"][1] == "8"
+        instances = prom.query("count(nodeagent_mig_instance_info)")
+        assert instances[0]["value"][1] == "14"
+        pool = prom.query("nodeagent_node_pool_info")
+        assert pool[0]["metric"]["pool"] == "train"
+        prom.wait_for(
+            "count(nodeagent_device_plugin_pod_devices)",
+            lambda r: bool(r) and r[0]["value"][1] == "5",
+            20,
+        )
+        pod = prom.query('nodeagent_device_plugin_pod_devices{pod="infer-0"}')[0]["metric"]
+        assert (pod["namespace"], pod["mig_profile"], pod["gpu"]) == ("serving", "1g.10gb", "0")
+        assert prom.query('nodeagent_gpu_row_remap_pending{gpu="5"}')[0]["value"][1] == "0"
+        assert prom.query("nodeagent_driver_drift")[0]["value"][1] == "0"
+
+        control.inject("remap-pending", 5)
+        control.inject("driver", 0, version="580.65.06")
+        prom.wait_for(
+            'nodeagent_gpu_row_remap_pending{gpu="5"}',
+            lambda r: bool(r) and r[0]["value"][1] == "1",
+            20,
+        )
+        drift = prom.wait_for("nodeagent_driver_drift == 1", lambda r: bool(r), 20)
+        assert drift[0]["metric"]["driver_version"] == "580.65.06"
+        age = float(prom.query("nodeagent_snapshot_age_seconds")[0]["value"][1])
+        assert 0 <= age < 5
+    finally:
+        prom.stop()
