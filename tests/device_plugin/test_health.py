@@ -1,0 +1,162 @@
+"""Health propagation to ListAndWatch, replicas and MIG siblings, recovery after quiet."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from device_plugin.health import HealthTracker
+from nodeagent.config.health import HealthSection
+from nodeagent.health.model import HealthModel
+from nodeagent.health.source import HealthState
+from nodeagent.sim.control import SimControl
+
+TS4 = {"mode": "time-slicing", "replicas": 4}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _all(devices, ids, health):
+    return all(devices.get(i, ("?",))[0] == health for i in ids)
+
+
+def test_physical_fault_marks_every_replica_within_100ms(run_plugin) -> None:
+    plugin = run_plugin("dgx-h100", config={"pools": {"default": {"gpu_sharing": {"3": TS4}}}})
+    kubelet = plugin.kubelet
+    replicas = [f"{plugin.uuid(3)}::{n}" for n in range(4)]
+    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Healthy"))
+    latencies = []
+    for round_ in range(10):
+        state = HealthState.UNHEALTHY if round_ % 2 == 0 else HealthState.HEALTHY
+        if state is HealthState.HEALTHY:
+            plugin.manager.health.quiet_s = 0  # this test measures the fault direction only
+        want = "Unhealthy" if state is HealthState.UNHEALTHY else "Healthy"
+        before = len(kubelet.plugins["nvidia.com/gpu"].lists)
+        started = time.monotonic()
+        plugin.health.set(plugin.uuid(3), state, "xid 79", index=3)
+        kubelet.wait_devices("nvidia.com/gpu", lambda d, w=want: _all(d, replicas, w), 1.0)
+        arrived = kubelet.plugins["nvidia.com/gpu"].lists[before][0]
+        latencies.append(arrived - started)
+        others = kubelet.plugins["nvidia.com/gpu"].devices
+        assert all(h == "Healthy" for i, (h, _) in others.items() if i not in replicas)
+    assert max(latencies) < 0.1, latencies
+
+
+def test_gpu_fault_marks_its_mig_devices_and_a_mig_fault_only_itself(run_plugin) -> None:
+    plugin = run_plugin(
+        "dgx-a100",
+        mig={2: ["3g.20gb", "3g.20gb"]},
+        config={"device_plugin": {"mig_strategy": "mixed"}},
+    )
+    kubelet = plugin.kubelet
+    migs = [i.uuid for i in plugin.snapshot.gpus[2].mig_instances]
+    kubelet.wait_devices("nvidia.com/mig-3g.20gb", lambda d: _all(d, migs, "Healthy"))
+    plugin.health.set(migs[0], HealthState.UNHEALTHY, "xid 94", index=2)
+    devices = kubelet.wait_devices(
+        "nvidia.com/mig-3g.20gb", lambda d: _all(d, [migs[0]], "Unhealthy")
+    )
+    assert devices[migs[1]][0] == "Healthy"
+    plugin.health.set(plugin.uuid(2), HealthState.LOST, "xid 79", index=2)
+    kubelet.wait_devices("nvidia.com/mig-3g.20gb", lambda d: _all(d, migs, "Unhealthy"))
+    assert _all(kubelet.wait_devices("nvidia.com/gpu"), [plugin.uuid(0)], "Healthy")
+
+
+def test_recovery_waits_for_the_quiet_period(run_plugin) -> None:
+    plugin = run_plugin("t4", config={"device_plugin": {"health_recovery_quiet_s": 0.4}})
+    kubelet = plugin.kubelet
+    u = plugin.uuid(0)
+    plugin.health.set(u, HealthState.UNHEALTHY, "xid 48")
+    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, [u], "Unhealthy"))
+    cleared = time.monotonic()
+    plugin.health.set(u, HealthState.HEALTHY)
+    time.sleep(0.2)
+    assert kubelet.plugins["nvidia.com/gpu"].devices[u][0] == "Unhealthy"
+    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, [u], "Healthy"), 2.0)
+    assert time.monotonic() - cleared >= 0.4
+
+
+@pytest.mark.parametrize(
+    ("steps", "healthy_at_end"),
+    [
+        pytest.param([("bad", 0), ("good", 1), ("tick", 60.9)], False, id="still-quiet"),
+        pytest.param([("bad", 0), ("good", 1), ("tick", 61)], True, id="recovered"),
+        pytest.param(
+            [("bad", 0), ("good", 1), ("bad", 30), ("good", 31), ("tick", 60)],
+            False,
+            id="relapse-restarts-quiet",
+        ),
+        pytest.param([("good", 0)], True, id="never-bad"),
+        pytest.param([("degraded", 0)], True, id="degraded-is-schedulable"),
+    ],
+)
+def test_tracker_quiet_period_with_fake_clock(steps, healthy_at_end) -> None:
+    clock = FakeClock()
+    changes = []
+    tracker = HealthTracker(60.0, lambda: changes.append(clock.now), clock)
+    state = {
+        "bad": HealthState.UNHEALTHY,
+        "good": HealthState.HEALTHY,
+        "degraded": HealthState.DEGRADED,
+    }
+    for action, at in steps:
+        clock.now = 100.0 + at
+        if action == "tick":
+            tracker.poll()
+        else:
+            tracker.set_state("GPU-x", state[action])
+    assert (tracker.reason("GPU-x") is None) is healthy_at_end
+
+
+def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -> None:
+    """End to end: simulator XID -> NVML event -> health model -> ListAndWatch."""
+    plugin = run_plugin(
+        "dgx-h100",
+        config={
+            "pools": {"default": {"gpu_sharing": {"5": TS4}}},
+            "device_plugin": {"health_recovery_quiet_s": 0.2},
+        },
+    )
+    clock = FakeClock()
+    clock.now = time.time()
+    model = HealthModel(HealthSection(fatal_hold_s=30.0, recovery_quiet_s=0.0), clock=clock)
+    model.on_snapshot(plugin.node.snapshot())
+    plugin.manager.health.attach(model)
+    kubelet = plugin.kubelet
+    replicas = [f"{plugin.uuid(5)}::{n}" for n in range(4)]
+    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Healthy"))
+    watcher = plugin.node.watch_events()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set():
+            event = watcher.wait(0.05)
+            if event is not None:
+                model.on_event(event)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        SimControl(sim_state_dir).inject("xid", 5, code=79)
+        kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Unhealthy"), 2.0)
+        elapsed = time.monotonic() - started
+        others = [plugin.uuid(i) for i in range(8) if i != 5]
+        assert _all(kubelet.plugins["nvidia.com/gpu"].devices, others, "Healthy")
+        assert elapsed < 0.5, elapsed  # includes the simulator's event poll
+        SimControl(sim_state_dir).clear(5)
+        clock.now += 31.0  # past the model's hold time for the fault
+        model.on_snapshot(plugin.node.snapshot())
+        model.tick()
+        kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Healthy"), 2.0)
+    finally:
+        stop.set()
+        thread.join(2)
+        watcher.close()
