@@ -8,6 +8,7 @@ import typer
 
 from nodeagent import __version__
 from nodeagent.cli import gpus, run
+from nodeagent.cli.sim import app as sim_app
 
 app = typer.Typer(
     name="nodeagent",
@@ -37,6 +38,7 @@ def main_callback(
 app.command("gpus")(gpus.gpus)
 app.command("topo")(gpus.topo)
 app.command("run")(run.run)
+app.add_typer(sim_app, name="sim", help="The simulated node: presets, faults, processes.")
 
 
 def main() -> None:
