@@ -271,6 +271,7 @@ class GpuNode:
         self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
         self._topology: dict[tuple[int, int], Link] | None = None
         self._clock_reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        self._processes_fn = "nvmlDeviceGetComputeRunningProcesses_v3"
         self._closed = False
         try:
             nvml.nvmlInit()
@@ -678,7 +679,18 @@ class GpuNode:
         return uuids
 
     def _processes(self, index: int) -> tuple[ProcessInfo, ...]:
-        raw = self._call("nvmlDeviceGetComputeRunningProcesses", self._handle(index), gpu=index)
+        handle = self._handle(index)
+        # The versioned name, because pynvml's unversioned wrapper turns a missing entry point
+        # into a non-NVML exception; drivers before the v3 struct (R510) get the v2 call.
+        raw, code = self._attempt(
+            self._processes_fn,
+            handle,
+            gpu=index,
+            expected=frozenset({errors.NVML_ERROR_FUNCTION_NOT_FOUND}),
+        )
+        if code == errors.NVML_ERROR_FUNCTION_NOT_FOUND:
+            self._processes_fn = "nvmlDeviceGetComputeRunningProcesses_v2"
+            raw = self._call(self._processes_fn, handle, gpu=index)
         processes = [
             ProcessInfo(
                 pid=int(p.pid),
