@@ -1,0 +1,175 @@
+"""Capability labels a node agent publishes on its Kubernetes node.
+
+The names follow NVIDIA GPU feature discovery (GFD) where GFD has one, so selectors written for
+GFD keep working; facts GFD does not publish live under ``nodeagent.io/``. Everything here is a
+pure function of a :class:`NodeSnapshot` plus the pool and health facts the agent already holds;
+:func:`label_patch` tells the agent whether anything changed, so it patches only on change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nodeagent.gpu.types import LinkKind, NodeSnapshot
+
+# GPU feature discovery names (kept as GFD spells them).
+GPU_PRODUCT = "nvidia.com/gpu.product"  # product name, spaces as dashes
+GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_FAMILY = "nvidia.com/gpu.family"  # architecture: ampere, hopper...
+GPU_COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+GPU_COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+MIG_CAPABLE = "nvidia.com/mig.capable"  # "true" / "false"
+MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
+CUDA_DRIVER_MAJOR = "nvidia.com/cuda.driver.major"  # GFD: the driver version, split
+CUDA_DRIVER_MINOR = "nvidia.com/cuda.driver.minor"
+CUDA_DRIVER_REV = "nvidia.com/cuda.driver.rev"
+CUDA_RUNTIME_MAJOR = "nvidia.com/cuda.runtime.major"  # GFD: the CUDA version the driver offers
+CUDA_RUNTIME_MINOR = "nvidia.com/cuda.runtime.minor"
+
+# nodeagent's own labels.
+POOL = "nodeagent.io/pool"
+GPU_HEALTH = "nodeagent.io/gpu-health"  # worst device state: healthy|degraded|unhealthy|lost
+STABILITY = "nodeagent.io/stability"  # stable | degraded | unstable
+NVLINK_LARGEST_SET = "nodeagent.io/nvlink-largest-set"  # GPUs in the largest NVLink island
+DRIVER_VERSION = "nodeagent.io/driver-version"  # full driver version, e.g. 550.54.15
+TIER = "nodeagent.io/tier"  # written by the tiering service, never by the agent
+
+# Every label the agent owns: a key here that the agent no longer computes is removed.
+AGENT_LABELS: tuple[str, ...] = (
+    GPU_PRODUCT,
+    GPU_MEMORY,
+    GPU_COUNT,
+    GPU_FAMILY,
+    GPU_COMPUTE_MAJOR,
+    GPU_COMPUTE_MINOR,
+    MIG_CAPABLE,
+    MIG_STRATEGY,
+    CUDA_DRIVER_MAJOR,
+    CUDA_DRIVER_MINOR,
+    CUDA_DRIVER_REV,
+    CUDA_RUNTIME_MAJOR,
+    CUDA_RUNTIME_MINOR,
+    POOL,
+    GPU_HEALTH,
+    STABILITY,
+    NVLINK_LARGEST_SET,
+    DRIVER_VERSION,
+)
+
+# Compute capability major -> GFD family name (minor distinguishes Ada from Ampere).
+_FAMILIES: dict[tuple[int, int], str] = {
+    (7, 0): "volta",
+    (7, 5): "turing",
+    (8, 0): "ampere",
+    (8, 6): "ampere",
+    (8, 7): "ampere",
+    (8, 9): "ada-lovelace",
+    (9, 0): "hopper",
+    (10, 0): "blackwell",
+    (12, 0): "blackwell",
+}
+
+_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: other characters become ``-``, at most 63, alnum ends."""
+    value = _INVALID.sub("-", text.strip())[:63]
+    return value.strip("-_.")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the agent knows beyond the snapshot."""
+
+    pool: str
+    gpu_health: str | None = None  # worst device HealthState value; None before health runs
+    stability: str | None = None  # stable | degraded | unstable; None before health runs
+    mig_strategy: str = "single"  # the device plugin's MIG strategy (GFD: none|single|mixed)
+
+
+def largest_nvlink_set(snapshot: NodeSnapshot) -> int:
+    """Size of the largest set of GPUs connected to each other through NVLink (paths allowed)."""
+    indices = [gpu.info.index for gpu in snapshot.gpus]
+    if not indices:
+        return 0
+    parent = {i: i for i in indices}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for (a, b), link in snapshot.topology.items():
+        if link.kind is LinkKind.NVLINK and a in parent and b in parent:
+            parent[find(a)] = find(b)
+    sizes: dict[int, int] = {}
+    for i in indices:
+        root = find(i)
+        sizes[root] = sizes.get(root, 0) + 1
+    return max(sizes.values())
+
+
+def capability_labels(snapshot: NodeSnapshot, facts: NodeFacts) -> dict[str, str]:
+    """The labels this node should carry. GPU facts come from the first GPU, as GFD does."""
+    labels: dict[str, str] = {POOL: label_value(facts.pool), GPU_COUNT: str(len(snapshot.gpus))}
+    if facts.gpu_health is not None:
+        labels[GPU_HEALTH] = label_value(facts.gpu_health)
+    if facts.stability is not None:
+        labels[STABILITY] = label_value(facts.stability)
+    driver = snapshot.driver_version.split(".")
+    if driver and driver[0]:
+        labels[DRIVER_VERSION] = label_value(snapshot.driver_version)
+        keys = (CUDA_DRIVER_MAJOR, CUDA_DRIVER_MINOR, CUDA_DRIVER_REV)
+        for key, part in zip(keys, driver[:3], strict=False):
+            labels[key] = label_value(part)
+    cuda = snapshot.cuda_driver_version.split(".")
+    if cuda and cuda[0]:
+        labels[CUDA_RUNTIME_MAJOR] = label_value(cuda[0])
+        labels[CUDA_RUNTIME_MINOR] = label_value(cuda[1] if len(cuda) > 1 else "0")
+    if not snapshot.gpus:
+        return labels
+    first = snapshot.gpus[0].info
+    major, minor = first.compute_capability
+    mig_capable = any(g.info.mig_capable for g in snapshot.gpus)
+    labels.update(
+        {
+            GPU_PRODUCT: label_value(first.name),
+            GPU_MEMORY: str(first.memory_total_bytes // (1024 * 1024)),
+            GPU_COMPUTE_MAJOR: str(major),
+            GPU_COMPUTE_MINOR: str(minor),
+            MIG_CAPABLE: "true" if mig_capable else "false",
+            NVLINK_LARGEST_SET: str(largest_nvlink_set(snapshot)),
+        }
+    )
+    family = _FAMILIES.get((major, minor)) or _FAMILIES.get((major, 0))
+    if family:
+        labels[GPU_FAMILY] = family
+    # GFD publishes mig.strategy only on MIG-capable nodes.
+    if mig_capable:
+        labels[MIG_STRATEGY] = label_value(facts.mig_strategy)
+    return labels
+
+
+def label_patch(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:
+    """The JSON merge-patch ``metadata.labels`` body that turns ``current`` into ``desired``.
+
+    Only agent-owned keys are touched: a stale agent key maps to ``None`` (delete), labels of
+    other owners are left alone. Empty when nothing changed, so the agent skips the API call.
+    """
+    patch: dict[str, str | None] = {
+        key: value for key, value in desired.items() if current.get(key) != value
+    }
+    for key in AGENT_LABELS:
+        if key in current and key not in desired:
+            patch[key] = None
+    return patch
+
+
+def labels_changed(current: Mapping[str, str], desired: Mapping[str, str]) -> bool:
+    """Whether the node's agent-owned labels differ from ``desired``."""
+    return bool(label_patch(current, desired))

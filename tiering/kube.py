@@ -1,0 +1,333 @@
+"""The tiering service's only contact with the Kubernetes API (official ``kubernetes`` client).
+
+Responses are read raw (``_preload_content=False``) and parsed with ``json``: turning 5,000
+nodes into generated model objects costs seconds, and the service needs a few fields of each.
+Nodes come from a watch-driven cache (list once, then watch from the list's resourceVersion,
+relist on ``410 Gone``), the way an informer does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when the server was unreachable)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def api_client(
+    *, server: str | None = None, kubeconfig: Path | None = None, in_cluster: bool = False
+) -> client.ApiClient:
+    """Build a client: an explicit server URL, a kubeconfig file, or the pod's service account."""
+    if server is not None and kubeconfig is None and not in_cluster:
+        configuration = client.Configuration()
+        configuration.host = server
+        return client.ApiClient(configuration)
+    configuration = client.Configuration()
+    if in_cluster:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig) if kubeconfig else None,
+            client_configuration=configuration,
+        )
+    if server is not None:
+        configuration.host = server
+    return client.ApiClient(configuration)
+
+
+def micro_time(epoch_s: float) -> str:
+    """A Kubernetes MicroTime string."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str | None) -> float | None:
+    """Parse a Kubernetes Time or MicroTime string to epoch seconds."""
+    if not text:
+        return None
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    """The outcome of one eviction request."""
+
+    outcome: str  # "evicted" | "blocked" (429: PDB) | "gone" (404) | "error"
+    message: str = ""
+
+
+class Kube:
+    """Typed-enough wrappers over the calls the service makes."""
+
+    def __init__(self, api: client.ApiClient, *, event_namespace: str = "default") -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.event_namespace = event_namespace
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            resp = fn(*args, _preload_content=False, **kwargs)
+        except client.ApiException as exc:
+            raise KubeError(int(exc.status or 0), _message(exc)) from None
+        except OSError as exc:  # urllib3 wraps connection errors in OSError subclasses
+            raise KubeError(0, f"cannot reach the API server: {exc}") from None
+        except Exception as exc:
+            if exc.__class__.__module__.startswith("urllib3"):
+                raise KubeError(0, f"cannot reach the API server: {exc}") from None
+            raise
+        data = resp.data
+        return json.loads(data) if data else {}
+
+    # nodes
+
+    def list_nodes(self, label_selector: str | None = None) -> JSON:
+        """The NodeList (raw)."""
+        result: JSON = self._call(self.core.list_node, label_selector=label_selector)
+        return result
+
+    def watch_nodes(self, resource_version: str, timeout_s: int) -> Iterator[JSON]:
+        """Watch events after ``resource_version`` as raw dicts (``type``, ``object``)."""
+        try:
+            resp: Any = self.core.list_node(
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+            )
+        except client.ApiException as exc:
+            raise KubeError(int(exc.status or 0), _message(exc)) from None
+        buffer = b""
+        try:
+            for chunk in resp.stream(amt=None, decode_content=False):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
+
+    def patch_node(self, name: str, patch: JSON) -> JSON:
+        """JSON merge patch of a node (a ``metadata.resourceVersion`` in it is a precondition)."""
+        result: JSON = self._call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH)
+        return result
+
+    # pods
+
+    def pods_on_node(self, node: str) -> list[JSON]:
+        """Every pod bound to the node, in all namespaces."""
+        data = self._call(
+            self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+        )
+        items: list[JSON] = data.get("items") or []
+        return items
+
+    def evict(self, namespace: str, name: str, grace_s: int | None) -> EvictResult:
+        """POST a policy/v1 Eviction; a 429 means a PodDisruptionBudget refuses it for now."""
+        body = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=(
+                client.V1DeleteOptions(grace_period_seconds=grace_s)
+                if grace_s is not None
+                else None
+            ),
+        )
+        try:
+            self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+        except KubeError as exc:
+            if exc.status == 429:
+                return EvictResult("blocked", str(exc))
+            if exc.status == 404:
+                return EvictResult("gone", str(exc))
+            return EvictResult("error", f"{exc.status}: {exc}")
+        return EvictResult("evicted")
+
+    # events
+
+    def node_event(
+        self,
+        node: str,
+        reason: str,
+        message: str,
+        *,
+        warning: bool,
+        now_s: float,
+        component: str,
+        kind: str = "Node",
+    ) -> None:
+        """Record a core/v1 Event about a node, or another object (failures only logged)."""
+        stamp = micro_time(now_s)
+        body = {
+            "metadata": {"generateName": f"{node}.", "namespace": self.event_namespace},
+            "involvedObject": {"kind": kind, "name": node, "uid": node},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": component},
+            "firstTimestamp": stamp[:19] + "Z",
+            "lastTimestamp": stamp[:19] + "Z",
+            "count": 1,
+            "reportingComponent": component,
+        }
+        try:
+            self._call(self.core.create_namespaced_event, self.event_namespace, body)
+        except KubeError as exc:
+            log.warning("cannot record event %s on node %s: %s", reason, node, exc)
+
+    def list_events(self, namespace: str | None = None) -> list[JSON]:
+        """Events about nodes (for the report)."""
+        selector = "involvedObject.kind=Node"
+        if namespace:
+            data = self._call(self.core.list_namespaced_event, namespace, field_selector=selector)
+        else:
+            data = self._call(self.core.list_event_for_all_namespaces, field_selector=selector)
+        items: list[JSON] = data.get("items") or []
+        return items
+
+    # leases
+
+    def get_lease(self, namespace: str, name: str) -> JSON | None:
+        """The Lease, or ``None`` when it does not exist."""
+        try:
+            result: JSON = self._call(self.coordination.read_namespaced_lease, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def create_lease(self, namespace: str, body: JSON) -> JSON:
+        """Create a Lease (409 when someone else created it first)."""
+        result: JSON = self._call(self.coordination.create_namespaced_lease, namespace, body)
+        return result
+
+    def replace_lease(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a Lease; the body's resourceVersion makes it fail with 409 when stale."""
+        result: JSON = self._call(self.coordination.replace_namespaced_lease, name, namespace, body)
+        return result
+
+
+def _message(exc: client.ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "").get("message") or exc.reason)
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+class NodeCache:
+    """An informer for nodes: a dict kept current by list + watch, with a change signal."""
+
+    def __init__(self, kube: Kube, *, watch_timeout_s: int = 300) -> None:
+        self._kube = kube
+        self._watch_timeout_s = watch_timeout_s
+        self._lock = threading.Lock()
+        self._nodes: dict[str, JSON] = {}
+        self._rv = ""
+        self.changed = threading.Event()  # set on every change; the controller clears it
+        self.synced = threading.Event()
+        self.last_change_s = 0.0
+
+    def snapshot(self) -> list[JSON]:
+        """The cached node objects."""
+        with self._lock:
+            return list(self._nodes.values())
+
+    def get(self, name: str) -> JSON | None:
+        """One cached node."""
+        with self._lock:
+            return self._nodes.get(name)
+
+    def update(self, obj: JSON) -> None:
+        """Adopt an object the service just wrote (the watch confirms it later)."""
+        with self._lock:
+            name = obj["metadata"]["name"]
+            old = self._nodes.get(name)
+            if old is None or _rv(obj) >= _rv(old):
+                self._nodes[name] = obj
+
+    def relist(self) -> None:
+        """Replace the cache with a fresh list."""
+        data = self._kube.list_nodes()
+        with self._lock:
+            self._nodes = {o["metadata"]["name"]: o for o in data.get("items") or []}
+            self._rv = str((data.get("metadata") or {}).get("resourceVersion", ""))
+        self.synced.set()
+        self._signal()
+
+    def _signal(self) -> None:
+        self.last_change_s = time.monotonic()
+        self.changed.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """List, then watch until ``stop``; reconnect on errors, relist on ``410 Gone``."""
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                if not self.synced.is_set():
+                    self.relist()
+                for event in self._kube.watch_nodes(self._rv, self._watch_timeout_s):
+                    if stop.is_set():
+                        return
+                    self._apply(event)
+                backoff = 0.5
+            except KubeError as exc:
+                log.warning("node watch failed: %s; retrying in %.1fs", exc, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception as exc:  # noqa: BLE001 - a dropped stream must not end the informer
+                log.warning("node watch interrupted: %s; retrying in %.1fs", exc, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _apply(self, event: JSON) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                self.synced.clear()  # history compacted: relist on the next turn
+            raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        with self._lock:
+            if rv:
+                self._rv = rv
+            if kind == "BOOKMARK":
+                return
+            name = obj["metadata"]["name"]
+            if kind == "DELETED":
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = obj
+        self._signal()
+
+
+def _rv(obj: JSON) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,205 @@
+"""Leader election through a coordination.k8s.io/v1 Lease, with optimistic concurrency.
+
+Like client-go's leader election, a candidate judges a lease expired by when *it* last saw the
+lease change (its own clock), not by the holder's ``renewTime``, so clock skew between replicas
+does not matter. The leader considers itself leader only until ``renew_deadline_s`` after its
+last successful renewal, which is shorter than ``lease_duration_s``: the old leader stops
+acting before anyone else may take over, so two replicas never act at once.
+
+The lease also carries the circuit breaker (annotation ``nodeagent.io/circuit-breaker``), so a
+new leader inherits an open breaker and an operator resets it in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tiering.clock import Clock
+from tiering.kube import Kube, KubeError, micro_time
+from tiering.planner import BreakerState
+
+log = logging.getLogger(__name__)
+
+BREAKER_ANNOTATION = "nodeagent.io/circuit-breaker"
+
+
+def breaker_from_lease(lease: dict[str, Any] | None) -> BreakerState:
+    """The breaker stored on a lease (closed when absent or unreadable)."""
+    annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(BREAKER_ANNOTATION)
+    if not text:
+        return BreakerState()
+    try:
+        data = json.loads(text)
+        return BreakerState(
+            open=data.get("state") == "open",
+            reason=str(data.get("reason", "")),
+            since_s=float(data["since"]) if data.get("since") is not None else None,
+            reset_s=float(data.get("reset", 0.0)),
+        )
+    except (ValueError, TypeError, KeyError):
+        return BreakerState()
+
+
+def breaker_annotation(state: BreakerState) -> str:
+    """The annotation value for a breaker state."""
+    return json.dumps(
+        {
+            "state": "open" if state.open else "closed",
+            "reason": state.reason,
+            "since": state.since_s,
+            "reset": state.reset_s,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    """Lease timing in seconds (client-go defaults: 15 / 10 / 2)."""
+
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("lease timing needs retry_period < renew_deadline < lease_duration")
+
+
+class LeaderElector:
+    """One candidate's view of the lease."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        clock: Clock,
+        timing: LeaseTiming | None = None,
+    ) -> None:
+        self._kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self._clock = clock
+        self.timing = timing or LeaseTiming()
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self._renewed_at: float | None = None
+        self._lease: dict[str, Any] | None = None
+        self.breaker = BreakerState()
+        self._pending_breaker: BreakerState | None = None
+
+    def is_leader(self) -> bool:
+        """Whether this candidate may act now."""
+        if self._renewed_at is None:
+            return False
+        return self._clock.now() < self._renewed_at + self.timing.renew_deadline_s
+
+    def set_breaker(self, state: BreakerState) -> None:
+        """Store a new breaker state with the next renewal."""
+        self.breaker = state
+        self._pending_breaker = state
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election round; returns whether this candidate holds the lease afterwards."""
+        now = self._clock.now()
+        try:
+            lease = self._kube.get_lease(self.namespace, self.name)
+            if lease is None:
+                return self._create(now)
+            spec = lease.get("spec") or {}
+            holder = spec.get("holderIdentity") or ""
+            observed = (holder, str(spec.get("renewTime") or ""))
+            if observed != self._observed:
+                self._observed = observed
+                self._observed_at = now
+            duration = float(spec.get("leaseDurationSeconds") or self.timing.lease_duration_s)
+            expired = now >= self._observed_at + duration
+            if holder and holder != self.identity and not expired:
+                self._lost()
+                return False
+            return self._update(lease, now, takeover=holder != self.identity)
+        except KubeError as exc:
+            if exc.status != 409:
+                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            self._lost()
+            return False
+
+    def _spec(self, now: float, acquire: float, transitions: int) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.timing.lease_duration_s),
+            "acquireTime": micro_time(acquire),
+            "renewTime": micro_time(now),
+            "leaseTransitions": transitions,
+        }
+
+    def _create(self, now: float) -> bool:
+        body = {
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "annotations": {BREAKER_ANNOTATION: breaker_annotation(self.breaker)},
+            },
+            "spec": self._spec(now, now, 0),
+        }
+        self._lease = self._kube.create_lease(self.namespace, body)
+        self._won(now)
+        return True
+
+    def _update(self, lease: dict[str, Any], now: float, *, takeover: bool) -> bool:
+        spec = lease.get("spec") or {}
+        meta = dict(lease.get("metadata") or {})
+        annotations = dict(meta.get("annotations") or {})
+        stored = breaker_from_lease(lease)
+        if self._pending_breaker is not None and stored.reset_s <= self._pending_breaker.reset_s:
+            annotations[BREAKER_ANNOTATION] = breaker_annotation(self._pending_breaker)
+        else:
+            # The lease is the source of truth: a reset written by an operator wins.
+            self.breaker = stored
+        transitions = int(spec.get("leaseTransitions") or 0) + (1 if takeover else 0)
+        acquire = now if takeover else _acquire_time(spec, now)
+        meta["annotations"] = annotations
+        body = {"metadata": meta, "spec": self._spec(now, acquire, transitions)}
+        self._lease = self._kube.replace_lease(self.namespace, self.name, body)
+        self._pending_breaker = None
+        self.breaker = breaker_from_lease(self._lease)
+        if takeover:
+            log.info("%s took over lease %s/%s", self.identity, self.namespace, self.name)
+        self._won(now)
+        return True
+
+    def _won(self, now: float) -> None:
+        self._renewed_at = now
+        spec = (self._lease or {}).get("spec") or {}
+        self._observed = (self.identity, str(spec.get("renewTime") or ""))
+        self._observed_at = now
+
+    def _lost(self) -> None:
+        self._renewed_at = None
+
+    def release(self) -> None:
+        """Give the lease up on shutdown so a standby takes over without waiting."""
+        if not self.is_leader() or self._lease is None:
+            return
+        body = dict(self._lease)
+        body["spec"] = {**(body.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1}
+        try:
+            self._kube.replace_lease(self.namespace, self.name, body)
+        except KubeError as exc:
+            log.info("lease release skipped: %s", exc)
+        self._lost()
+
+
+def _acquire_time(spec: dict[str, Any], now: float) -> float:
+    from tiering.kube import parse_time
+
+    return parse_time(spec.get("acquireTime")) or now
