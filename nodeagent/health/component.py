@@ -13,6 +13,7 @@ from pathlib import Path
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.snapshots import SnapshotStore
 from nodeagent.config.kubernetes import KubernetesSection
+from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.model import HealthModel
 from nodeagent.health.report import history_path
@@ -63,7 +64,13 @@ class HealthComponent:
         opened.set()
         try:
             while not stop.is_set():
-                event = watcher.wait(EVENT_WAIT_S)
+                try:
+                    event = watcher.wait(EVENT_WAIT_S)
+                except GpuLost as exc:
+                    # An event from a GPU that just fell off the bus cannot be attributed; the
+                    # next snapshot reports the GPU lost, so keep listening for the others.
+                    log.warning("event from a lost GPU dropped: %s", exc)
+                    continue
                 if event is not None:
                     self.model.on_event(event)
         except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
@@ -85,7 +92,9 @@ class HealthComponent:
         latest = self.snapshots.latest
         if latest is not None:
             self.model.on_snapshot(latest)
-        relay = threading.Thread(target=_relay, args=(stop, local_stop), daemon=True)
+        relay = threading.Thread(
+            target=_relay, args=(stop, local_stop, self.reporter.wake), daemon=True
+        )
         relay.start()
         try:
             opened.wait()
@@ -102,11 +111,12 @@ class HealthComponent:
             raise RuntimeError(f"health event thread failed: {error}") from error
 
 
-def _relay(outer: threading.Event, inner: threading.Event) -> None:
-    """Set ``inner`` when ``outer`` is set (or stop when ``inner`` is set first)."""
+def _relay(outer: threading.Event, inner: threading.Event, wake: threading.Event) -> None:
+    """Set ``inner`` (and ``wake`` the reporter) when ``outer`` is set; end when ``inner`` is."""
     while not inner.is_set():
         if outer.wait(EVENT_WAIT_S):
             inner.set()
+            wake.set()
 
 
 def make_patcher(section: KubernetesSection, node_name: str) -> NodePatcher | None:

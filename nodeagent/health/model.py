@@ -376,6 +376,16 @@ class HealthModel:
         fault = self._faults.get(key)
         hold = self.config.fatal_hold_s if obs.fatal else self.config.recovery_quiet_s
         if fault is None:
+            # One incident often shows up as several faults at once (XID 79 and the lost GPU;
+            # a DBE event, XID 48 and a pending remap): the score counts the incident by its
+            # worst fault, so a new fault adds only what it exceeds the GPU's active ones by.
+            weight = fault_weight(obs.state, obs.action)
+            active = (
+                fault_weight(f.state, f.action)
+                for (uuid, gi, _), f in self._faults.items()
+                if uuid == obs.gpu_uuid and gi in (None, obs.gpu_instance_id)
+            )
+            weight = max(weight - max(active, default=0.0), 0.0)
             self._faults[key] = Fault(
                 obs.gpu_index,
                 obs.gpu_uuid,
@@ -388,7 +398,6 @@ class HealthModel:
                 now,
                 hold,
             )
-            weight = fault_weight(obs.state, obs.action)
             self.score.record(FaultRecord(now, weight, obs.gpu_index, obs.reason))
             self.dirty = True
             return

@@ -1,0 +1,119 @@
+"""The health component in an agent context: sampler + events + reporter, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nodeagent.agent.component import AgentContext
+from nodeagent.agent.sampler import Sampler
+from nodeagent.cli.health import app
+from nodeagent.config.health import HealthSection
+from nodeagent.config.kubernetes import KubernetesSection
+from nodeagent.config.schema import AgentConfig, NodeSection
+from nodeagent.gpu.node import GpuNode
+from nodeagent.health.component import build_component
+from nodeagent.health.model import HealthModel
+from nodeagent.health.source import HealthState, HealthTransition
+from nodeagent.sim.control import SimControl
+from tests.health.apiserver import FakeApiServer
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    server = FakeApiServer(NODE).start()
+    yield server
+    server.stop()
+
+
+def _config(tmp_path: Path, api_url: str | None, **health: object) -> AgentConfig:
+    kube = KubernetesSection(enabled=api_url is not None, api_server=api_url)
+    return AgentConfig(
+        node=NodeSection(name=NODE),
+        state_dir=tmp_path / "agent",
+        health=HealthSection(**health),  # type: ignore[arg-type]
+        kubernetes=kube,
+    )
+
+
+def test_disabled_health_builds_nothing(make_node: Callable[..., GpuNode], tmp_path: Path) -> None:
+    ctx = AgentContext(_config(tmp_path, None, enabled=False), make_node("t4"), tmp_path)
+    assert build_component(ctx) is None
+    assert ctx.health is None
+
+
+def test_agent_flags_an_injected_xid(
+    make_node: Callable[..., GpuNode],
+    sim_state_dir: Path,
+    api_server: FakeApiServer,
+    tmp_path: Path,
+) -> None:
+    node = make_node("dgx-h100")
+    cfg = _config(tmp_path, api_server.url)
+    ctx = AgentContext(cfg, node, cfg.state_dir)
+    component = build_component(ctx)
+    assert component is not None
+    assert component.name == "health"
+    assert isinstance(ctx.health, HealthModel)  # set in the factory, before run
+    seen: list[HealthTransition] = []
+    ctx.health.subscribe(seen.append)
+    sampler = Sampler(node, ctx.snapshots, 0.05)
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=sampler.run, args=(stop,), daemon=True),
+        threading.Thread(target=component.run, args=(stop,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        assert api_server.wait_for(lambda s: s.condition() is not None)
+        assert component.ready
+        SimControl(sim_state_dir).inject("xid", 6, code=62)
+        assert api_server.wait_for(
+            lambda s: (s.condition() or {}).get("status") == "False", timeout_s=5.0
+        )
+        assert [t.current.gpu_index for t in seen] == [6]
+        assert seen[0].current.state is HealthState.UNHEALTHY
+        # `nodeagent health` reads what the running agent wrote.
+        result = CliRunner().invoke(app, ["--json", "--agent-state-dir", str(cfg.state_dir)])
+        assert result.exit_code == 1, result.output  # an unhealthy GPU is a failure found
+        data = json.loads(result.output)
+        gpu6 = next(d for d in data["devices"] if d["gpu"] == 6 and d["parent"] is None)
+        assert gpu6["state"] == "unhealthy"
+        assert gpu6["action"] == "reset the GPU"
+        assert "xid 62" in gpu6["reasons"][0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+    assert not any(t.is_alive() for t in threads)
+    assert (cfg.state_dir / "health" / "history.json").exists()
+
+
+def test_cli_simulate_evaluates_once_without_an_agent(sim_state_dir: Path) -> None:
+    control = SimControl(sim_state_dir, "dgx-a100")
+    control.state()
+    control.inject("remap-pending", 1)
+    runner = CliRunner()
+    args = ["--simulate", "dgx-a100", "--state-dir", str(sim_state_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "row remap pending" in result.output
+    assert "reset the GPU" in result.output
+    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert data["source"] == "evaluated"
+    assert data["health"] == "unhealthy"
+
+
+def test_cli_without_agent_or_simulate_says_what_to_do(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["--agent-state-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no health status at" in result.output
+    assert "--simulate" in result.output
