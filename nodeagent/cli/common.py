@@ -54,11 +54,8 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
     try:
         return open_node(simulate=simulate, state_dir=state_dir)
     except DriverNotLoaded as exc:
-        fail(
-            str(exc),
-            "pass --simulate PRESET (or set NODEAGENT_SIMULATE); list presets with "
-            "`nodeagent sim presets`",
-        )
+        # The message already names the fix (--simulate and the presets): one line is enough.
+        fail(str(exc), "")
     except (GpuError, ValueError) as exc:
         fail(str(exc), "check --simulate/--state-dir, or the NVIDIA driver with `nvidia-smi`")
 
