@@ -44,3 +44,7 @@ app.add_typer(sim_app, name="sim", help="The simulated node: presets, faults, pr
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

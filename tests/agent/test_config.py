@@ -21,7 +21,9 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_without_a_file_start_every_component() -> None:
     config = load_agent_config(None, environ={})
     assert config.sampler.interval_s == 1.0
-    assert config.metrics.enabled and config.device_plugin.enabled and config.health.enabled
+    assert config.metrics.enabled
+    assert config.device_plugin.enabled
+    assert config.health.enabled
     assert config.node.pool == "default"
     assert config.pool.sharing.mode is SharingMode.EXCLUSIVE
 
@@ -94,7 +96,8 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
         load_agent_config(path, environ={})
     lines = str(info.value).splitlines()
     assert len(lines) == 2
-    assert "sampler.interval" in lines[0] and "metrics.port" in lines[1]
+    assert "sampler.interval" in lines[0]
+    assert "metrics.port" in lines[1]
 
 
 def test_precedence_is_command_line_then_environment_then_file(tmp_path: Path) -> None:
