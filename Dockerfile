@@ -1,0 +1,48 @@
+# nodeagent container image: the agent for the Kubernetes DaemonSet (deploy/kubernetes).
+#
+# The install step is the tested one: `pip install .` from the source tree into a virtual
+# environment, as `make` does for development (there with `-e '.[dev]'`). Build with
+#   docker build -t nodeagent:0.1.0 .
+# NVML (libnvidia-ml.so) is not in the image: the NVIDIA container toolkit mounts the host
+# driver's copy and the GPU devices when the container asks for them (NVIDIA_VISIBLE_DEVICES).
+
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+COPY pyproject.toml README.md ./
+COPY nodeagent/ nodeagent/
+COPY mig/ mig/
+COPY device_plugin/ device_plugin/
+COPY exporters/ exporters/
+COPY tiering/ tiering/
+COPY systemd/ systemd/
+RUN python -m venv /opt/nodeagent \
+    && /opt/nodeagent/bin/pip install --no-cache-dir .
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="nodeagent" \
+      org.opencontainers.image.description="Node-level GPU sharing and health agent: MIG, device plugin, health and metrics" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PATH=/opt/nodeagent/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
+COPY --from=build /opt/nodeagent /opt/nodeagent
+# An unprivileged default for `docker run nodeagent ...` (simulation, planning, `gpus`). The
+# DaemonSet runs the agent as root with only CAP_SYS_ADMIN: the kubelet's sockets are root-only
+# and the driver allows MIG changes only with that capability (docs/operations.md).
+RUN useradd --system --uid 65532 --home-dir /var/lib/nodeagent --create-home \
+        --shell /usr/sbin/nologin nodeagent
+USER 65532:65532
+WORKDIR /var/lib/nodeagent
+EXPOSE 9475
+HEALTHCHECK --interval=30s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9475/healthz', timeout=2).status != 200)"]
+ENTRYPOINT ["nodeagent"]
+CMD ["run"]

@@ -1,0 +1,107 @@
+"""The container image's Dockerfile: hadolint, and the promises the docs make about it.
+
+Docker cannot build images on the development and CI machines, so these checks read the file:
+hadolint for the usual mistakes, and the parser below for what the DaemonSet and the docs rely
+on (pinned base, the tested install command, a non-root default user, labels, health check).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.tools import require_tool
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    result = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            word, _, rest = stripped.partition(" ")
+            result.append((word.upper(), rest.strip()))
+    return result
+
+
+def test_hadolint_passes() -> None:
+    hadolint = require_tool("hadolint")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_would_catch_a_regression(tmp_path: Path) -> None:
+    # The check above can fail: an unpinned base image and a cached pip install are flagged.
+    hadolint = require_tool("hadolint")
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install nodeagent\n")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout
+
+
+def test_multi_stage_with_a_version_pinned_slim_base() -> None:
+    steps = instructions()
+    args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
+    froms = [a for w, a in steps if w == "FROM"]
+    assert len(froms) >= 2, "build and runtime stages"
+    for image in froms:
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image.split()[0])
+        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", image), image
+
+
+def test_installs_with_the_tested_command() -> None:
+    # The same `pip install .` from the source tree that `make` runs (there editable, with dev
+    # extras), so the package the tests exercised is the package in the image.
+    runs = " ".join(a for w, a in instructions() if w == "RUN")
+    assert re.search(r"pip install --no-cache-dir \.(\s|$)", runs)
+    copied = " ".join(a for w, a in instructions() if w == "COPY")
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    for pattern in packages:
+        assert f"{pattern.rstrip('*')}/" in copied, f"{pattern} is not copied into the build stage"
+
+
+def test_runtime_user_labels_healthcheck_and_entrypoint() -> None:
+    steps = instructions()
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    users = [a for w, a in runtime if w == "USER"]
+    assert users, "the runtime stage sets a user"
+    assert not users[-1].startswith(("root", "0")), "the default user is not root"
+    labels = " ".join(a for w, a in runtime if w == "LABEL")
+    for key in ("title", "description", "version", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert f"ARG VERSION={version}" in DOCKERFILE.read_text()
+    (health,) = [a for w, a in runtime if w == "HEALTHCHECK"]
+    assert "/healthz" in health
+    assert "9475" in health
+    assert ("ENTRYPOINT", '["nodeagent"]') in runtime
+
+
+@pytest.mark.parametrize("overlay", ["plugin-exporter", "exporter-only"])
+def test_daemonset_uses_this_image_version(overlay: str) -> None:
+    from tests.deploy import render
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    objects = render.render(render.KUSTOMIZE_DIR / "overlays" / overlay)
+    (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    (c,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == f"nodeagent:{version}"
