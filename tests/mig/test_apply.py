@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -335,3 +336,22 @@ def test_kill_at_every_step_then_converges(tmp_path: Path) -> None:
             assert Counter(g.profile for g in gis) == want, (k, steps[k - 1])
             assert all(len(g.compute_instances) == 1 for g in gis), (k, steps[k - 1])
         assert not (state / INTENT_FILE).exists()
+
+
+def test_cli_refuses_to_destroy_without_yes_and_show_json(tmp_path: Path) -> None:
+    sim = tmp_path / "sim"
+    base = ["--simulate", "dgx-a100", "--state-dir", str(sim)]
+    runner = CliRunner()
+    first = runner.invoke(app, ["apply", "-c", "all-balanced", "--yes", "--allow-reset", *base])
+    assert first.exit_code == 0, first.output
+    before = runner.invoke(app, ["show", "--json", *base]).stdout
+    refused = runner.invoke(app, ["apply", "-c", "all-7g", "--allow-reset", *base])
+    assert refused.exit_code == 2
+    assert "--yes" in refused.stderr
+    assert runner.invoke(app, ["show", "--json", *base]).stdout == before
+    gpu = json.loads(before)["gpus"][0]
+    assert gpu["index"] == 0
+    assert gpu["mig_enabled"] is True
+    assert {i["profile"] for i in gpu["instances"]} == {"1g.5gb", "2g.10gb", "3g.20gb"}
+    assert set(gpu["instances"][0]) >= {"profile", "placement", "uuid", "busy"}
+    assert gpu["creatable"]["7g.40gb"] == 0
