@@ -373,7 +373,7 @@ class KubeAPIServer:
     def start(self) -> KubeAPIServer:
         """Serve on a background thread."""
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="kubeapi", daemon=True
+            target=self._server.serve_forever, args=(0.05,), name="kubeapi", daemon=True
         )
         self._thread.start()
         return self
@@ -401,6 +401,12 @@ class KubeAPIServer:
         """The current cluster-wide resource version."""
         with self._lock:
             return self._store.rv
+
+    def reset(self) -> None:
+        """Forget every object and request (reuse one server across property-test examples)."""
+        with self._lock:
+            self._store = _Store(rv=self._store.rv)
+            self.requests = []
 
     # direct access for tests (no HTTP)
 
@@ -810,6 +816,7 @@ def _route(path: str) -> tuple[str, str | None, str | None, str]:
 def _make_handler(api: KubeAPIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in separate writes
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
