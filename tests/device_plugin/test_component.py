@@ -25,7 +25,8 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
     node = make_node("a30x4")
     ctx = AgentContext(make_config(), node, short_dir / "state", kubelet_dir=short_dir / "kubelet")
     component = build_component(ctx)
-    assert component is not None and component.name == "device-plugin"
+    assert component is not None
+    assert component.name == "device-plugin"
     kubelet = TestKubelet(short_dir / "kubelet")
     kubelet.start()
     stop = threading.Event()

@@ -29,7 +29,8 @@ def test_strategy_single_advertises_56_mig_devices_as_gpu(run_plugin) -> None:
     )
     devices = plugin.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 56)
     expected = {i.uuid for g in plugin.snapshot.gpus for i in g.mig_instances}
-    assert set(devices) == expected and all(d.startswith("MIG-") for d in devices)
+    assert set(devices) == expected
+    assert all(d.startswith("MIG-") for d in devices)
     numa = {i.uuid: g.info.numa_node for g in plugin.snapshot.gpus for i in g.mig_instances}
     assert all(devices[u] == ("Healthy", [numa[u]]) for u in devices)
 
@@ -124,5 +125,6 @@ def test_mps_is_not_applied_to_mig_devices(make_node) -> None:
     )
     resources = build_resources(node.snapshot(), config.pool, config.device_plugin)
     [mig] = resources["nvidia.com/mig-4g.24gb"].devices
-    assert mig.replica is None and mig.id.startswith("MIG-")
+    assert mig.replica is None
+    assert mig.id.startswith("MIG-")
     assert len(resources["nvidia.com/gpu"].devices) == 6  # the 3 non-MIG GPUs, 2 MPS replicas each
