@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.agent.sampler import Sampler
 
@@ -21,6 +22,7 @@ def _sampler(ctx: AgentContext) -> Component:
 
 FACTORIES: list[ComponentFactory] = [
     _sampler,
+    mig_reconciler.build_component,
 ]
 
 

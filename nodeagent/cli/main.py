@@ -8,6 +8,7 @@ import typer
 
 from nodeagent import __version__
 from nodeagent.cli import gpus, run
+from nodeagent.cli.mig import app as mig_app
 from nodeagent.cli.sim import app as sim_app
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ def main_callback(
 app.command("gpus")(gpus.gpus)
 app.command("topo")(gpus.topo)
 app.command("run")(run.run)
+app.add_typer(mig_app, name="mig", help="MIG layouts: plan, apply, assert, show, export.")
 app.add_typer(sim_app, name="sim", help="The simulated node: presets, faults, processes.")
 
 

@@ -1,0 +1,107 @@
+"""The MIG reconciler component: applies the pool's MIG layout at start and on policy change."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from mig.apply import ApplyReport, reconcile
+from mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
+from nodeagent.agent.component import AgentContext
+from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.errors import GpuError
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "mig-status.json"
+
+
+class MigReconciler:
+    """Applies ``pools.<pool>.mig_layout`` from ``mig.layout_file`` (or the built-in layouts).
+
+    It never destroys a busy instance unless ``mig.force`` is set; a layout that would need one
+    is reported and left for the operator. The last outcome is written to ``mig-status.json``
+    in the agent's state directory.
+    """
+
+    name = "mig-reconciler"
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self._ctx = ctx
+        self._wake = threading.Event()
+        self._ready = threading.Event()
+        self._applied: tuple[str | None, Path, float] | None = None
+        self.last_report: ApplyReport | None = None
+        self.last_error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """True after the first reconcile attempt (a failed one is reported, not fatal)."""
+        return self._ready.is_set()
+
+    def reload(self, config: AgentConfig) -> None:
+        """Re-check the layout after SIGHUP (the pool's layout name or the file may differ)."""
+        self._wake.set()
+
+    def _wanted(self) -> tuple[str | None, Path, float]:
+        config = self._ctx.config
+        path = config.mig.layout_file or DEFAULT_CONFIG_FILE
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            mtime = -1.0
+        return config.pool.mig_layout, path, mtime
+
+    def reconcile_once(self) -> None:
+        """Apply the wanted layout if it changed since the last successful apply."""
+        wanted = self._wanted()
+        layout, path, _ = wanted
+        config = self._ctx.config
+        if layout is None or not config.mig.enabled or wanted == self._applied:
+            return
+        state_dir = self._ctx.state_dir / "mig"
+        try:
+            report = reconcile(
+                self._ctx.node,
+                load_config(path),
+                layout,
+                state_dir=state_dir,
+                force=config.mig.force,
+                allow_reset=config.mig.allow_reset,
+            )
+        except (MigConfigError, GpuError, OSError) as exc:
+            self.last_error = f"MIG layout {layout!r} from {path} not applied: {exc}"
+            log.error("%s", self.last_error)
+            self._write_status({"layout": layout, "ok": False, "error": str(exc)})
+            return
+        self.last_report = report
+        self.last_error = None
+        if report.ok:
+            self._applied = wanted
+            log.info("MIG layout %r applied (%d mutating steps)", layout, report.mutating_steps)
+        else:
+            log.warning("MIG layout %r not fully applied: %s", layout, json.dumps(report.to_dict()))
+        self._write_status({"layout": layout, **report.to_dict()})
+
+    def _write_status(self, data: dict[str, object]) -> None:
+        path = self._ctx.state_dir / STATUS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.replace(path)
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile at start, then whenever a reload asks or a failed apply is retried."""
+        while not stop.is_set():
+            self.reconcile_once()
+            self._ready.set()
+            # A layout that is not yet fully applied (reset required, busy instance) is retried
+            # every minute; an applied one only on reload.
+            self._wake.wait(60.0)
+            self._wake.clear()
+
+
+def build_component(ctx: AgentContext) -> MigReconciler | None:
+    """The reconciler, or None when MIG management is off."""
+    return MigReconciler(ctx) if ctx.config.mig.enabled else None
