@@ -209,12 +209,16 @@ class EventWatcher:
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:
             remaining_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-            try:
-                data = self._node._call("nvmlEventSetWait", self._set, remaining_ms)
-            except errors.Transient as exc:
-                if exc.nvml_code == errors.NVML_ERROR_TIMEOUT:
-                    return None
-                raise
+            # TIMEOUT is NVML's "nothing happened", an answer rather than an error.
+            data, code = self._node._attempt(
+                "nvmlEventSetWait",
+                self._set,
+                remaining_ms,
+                gpu=None,
+                expected=frozenset({errors.NVML_ERROR_TIMEOUT}),
+            )
+            if code == errors.NVML_ERROR_TIMEOUT:
+                return None
             kind = _EVENT_KINDS.get(int(data.eventType))
             if kind is not None:
                 return self._event(kind, data)
@@ -705,9 +709,10 @@ class GpuNode:
         return tuple(sorted(processes, key=lambda p: p.pid))
 
     def _read_instances(
-        self, index: int, processes: tuple[ProcessInfo, ...]
+        self, index: int, processes: tuple[ProcessInfo, ...], enabled: bool | None = None
     ) -> tuple[GpuInstance, ...]:
-        _, enabled, _ = self._mig_mode(index)
+        if enabled is None:
+            _, enabled, _ = self._mig_mode(index)
         geometry = self.mig_geometry(index) if enabled else None
         if geometry is None:
             return ()
@@ -1110,7 +1115,7 @@ class GpuNode:
             info = self._info(index, driver, cuda)
             processes = self._processes(index)
             telemetry = self._telemetry(index, processes)
-            instances = self._read_instances(index, processes) if info.mig_enabled else ()
+            instances = self._read_instances(index, processes, info.mig_enabled)
             return GpuState(info=info, telemetry=telemetry, mig_instances=instances)
         except GpuLost as exc:
             info = self._unreadable_info(index, driver, cuda)
