@@ -828,27 +828,22 @@ def _make_handler(api: KubeAPIServer) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""
             ctype = self.headers.get("Content-Type") or ""
             body: Any = None
-            status = 200
+            result: Any = None
             try:
                 body = json.loads(raw) if raw else None
                 result = api.handle(method, parts.path, query, body, ctype)
-                if isinstance(result, dict):
-                    if method == "POST":
-                        status = 201
-                    self._send_json(status, result)
-                else:
-                    self._stream(result)
+                status = 201 if method == "POST" and isinstance(result, dict) else 200
             except ApiError as exc:
-                status = exc.code
-                self._send_json(exc.code, exc.status())
+                status, result = exc.code, exc.status()
             except (ValueError, KeyError, TypeError) as exc:
-                status = 400
-                self._send_json(400, ApiError(400, "BadRequest", str(exc)).status())
-            finally:
-                if api._record:
-                    api.requests.append(
-                        RequestRecord(method, parts.path, query, ctype, body, status)
-                    )
+                status, result = 400, ApiError(400, "BadRequest", str(exc)).status()
+            # Log before answering, so a client that got its answer finds its request logged.
+            if api._record:
+                api.requests.append(RequestRecord(method, parts.path, query, ctype, body, status))
+            if isinstance(result, dict):
+                self._send_json(status, result)
+            else:
+                self._stream(result)
 
         def _send_json(self, status: int, body: JSON) -> None:
             data = json.dumps(body, separators=(",", ":")).encode()
