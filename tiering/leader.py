@@ -203,3 +203,20 @@ def _acquire_time(spec: dict[str, Any], now: float) -> float:
     from tiering.kube import parse_time
 
     return parse_time(spec.get("acquireTime")) or now
+
+
+def reset_breaker_on_lease(kube: Kube, namespace: str, name: str, *, now_s: float) -> bool:
+    """Close the breaker stored on the lease (the operator's explicit reset).
+
+    Returns False when there is no lease (no leader ever ran). The leader adopts the reset at
+    its next renewal; unstable transitions before ``now_s`` no longer count toward a new trip.
+    """
+    lease = kube.get_lease(namespace, name)
+    if lease is None:
+        return False
+    meta = dict(lease.get("metadata") or {})
+    annotations = dict(meta.get("annotations") or {})
+    annotations[BREAKER_ANNOTATION] = breaker_annotation(BreakerState(reset_s=now_s))
+    meta["annotations"] = annotations
+    kube.replace_lease(namespace, name, {**lease, "metadata": meta})
+    return True
