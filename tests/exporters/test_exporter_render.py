@@ -342,3 +342,23 @@ def test_nvml_errors_accumulate_across_snapshots() -> None:
 def test_age_line(now: float, age: str) -> None:
     rendered = Rendered(b"", b"", 1000.0)
     assert age_lines(rendered, now).endswith(f"nodeagent_snapshot_age_seconds {age}\n".encode())
+
+
+def test_family_cache_output_equals_a_fresh_render() -> None:
+    """Reusing unchanged families must give the bytes a fresh renderer gives."""
+
+    def without_render_duration(body: bytes) -> list[bytes]:
+        return [line for line in body.splitlines() if b"render_duration" not in line]
+
+    def renderer() -> Renderer:
+        return Renderer(Sources(geometry=lambda _i: H100_GEOMETRY, policy=PoolPolicy))
+
+    before = snapshot([gpu_state(0, mig=[instance(0, 1, "3g.40gb", 0, 4)]), gpu_state(1)])
+    after = snapshot([gpu_state(0, mig=[]), gpu_state(1, temperature_celsius=77.0), gpu_state(2)])
+    warm = renderer()
+    warm.render(before)
+    cached = warm.render(after).body
+    fresh = renderer().render(after).body
+    assert without_render_duration(cached) == without_render_duration(fresh)
+    assert b'nodeagent_gpu_temperature_celsius{gpu="1"' in cached
+    assert b"nodeagent_mig_instance_info" not in cached  # a vanished family is not served

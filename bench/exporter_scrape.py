@@ -1,0 +1,135 @@
+"""Scrape latency and size: pre-rendered snapshot vs collect-on-scrape, same code, same run.
+
+    .venv/bin/python bench/exporter_scrape.py [--requests 400] [--concurrency 1 20]
+
+Node: dgx-h100, 56 MIG instances, 300 pods (see exporter_node.py). "served" is the agent's
+design: the sampler renders each snapshot once and a scrape writes bytes. "collect" is the
+baseline many exporters use: every scrape samples NVML, polls the kubelet and renders, through
+the very same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from exporter_node import PODS, mig_node, start_kubelet
+
+from exporters.podresources import PodResourcesPoller
+from exporters.render import Rendered, Renderer, Sources
+from exporters.server import MetricsServer
+from nodeagent.config.policy import PoolPolicy
+from nodeagent.gpu.node import GpuNode
+
+
+def scrape_many(port: int, scrapers: int, per_scraper: int, gzip: bool) -> tuple[list[float], int]:
+    """Latencies (s) of every request from ``scrapers`` keep-alive clients, and the body size."""
+    latencies: list[float] = []
+    sizes: list[int] = []
+    lock = threading.Lock()
+    headers = {"Accept-Encoding": "gzip"} if gzip else {}
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine = []
+        for _ in range(per_scraper):
+            t0 = time.perf_counter()
+            conn.request("GET", "/metrics", headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            mine.append(time.perf_counter() - t0)
+            assert resp.status == 200
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+            sizes.append(len(body))
+
+    threads = [threading.Thread(target=client) for _ in range(scrapers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, max(sizes)
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=400, help="requests per configuration")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 20])
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
+    node: GpuNode = mig_node(tmp / "sim")
+    kubelet = start_kubelet(node, tmp / "kubelet.sock")
+    poller = PodResourcesPoller(tmp / "kubelet.sock", 10.0)
+    poller.poll()
+    renderer = Renderer(
+        Sources(
+            geometry=node.mig_geometry,
+            policy=lambda: PoolPolicy(request_sizes=("1g.10gb", "3g.40gb", "gpu")),
+            allocations=lambda: poller.latest,
+        )
+    )
+    snapshot = node.snapshot()
+    served = renderer.render(snapshot)
+    mig = sum(len(g.mig_instances) for g in snapshot.gpus)
+    print(
+        f"node: dgx-h100, {mig} MIG instances, {PODS} pods; body {len(served.body)} bytes, "
+        f"gzip {len(served.gzipped)} bytes"
+    )
+
+    def collect() -> Rendered:
+        poller.poll()
+        return renderer.render(node.snapshot())
+
+    modes: dict[str, Callable[[], Rendered | None]] = {
+        "served": lambda: served,
+        "collect": collect,
+    }
+    rows = []
+    for mode, body in modes.items():
+        server = MetricsServer("127.0.0.1:0", body, lambda: True)
+        server.start()
+        try:
+            for scrapers in args.concurrency:
+                for gz in (False, True):
+                    # Collect-on-scrape is slow: fewer requests keep the run short.
+                    total = args.requests if mode == "served" else max(40, args.requests // 10)
+                    per = max(1, total // scrapers)
+                    scrape_many(server.port, scrapers, 2, gz)  # warm-up
+                    lat, size = scrape_many(server.port, scrapers, per, gz)
+                    rows.append(
+                        (
+                            mode,
+                            scrapers,
+                            "gzip" if gz else "plain",
+                            len(lat),
+                            statistics.median(lat) * 1e3,
+                            p99(lat) * 1e3,
+                            size,
+                        )
+                    )
+        finally:
+            server.stop()
+    kubelet.stop(None)
+    node.close()
+    print(
+        f"{'mode':8} {'scrapers':>8} {'encoding':>8} {'requests':>8} {'median ms':>10} "
+        f"{'p99 ms':>8} {'bytes':>8}"
+    )
+    for mode, scrapers, enc, n, med, p, size in rows:
+        print(f"{mode:8} {scrapers:>8} {enc:>8} {n:>8} {med:>10.2f} {p:>8.2f} {size:>8}")
+
+
+if __name__ == "__main__":
+    main()
