@@ -221,3 +221,24 @@ def test_flapping_gpu_makes_node_unstable(make_rig: MakeRig) -> None:
     assert node.score < 0.1
     assert node.flapping
     assert node.level is StabilityLevel.UNSTABLE
+
+
+def test_one_incident_counts_once_in_the_score(make_rig: MakeRig) -> None:
+    # A DBE on an H100 arrives as a DBE event, XID 48 and a pending remap: one incident, scored
+    # at its worst fault (XID 48: unhealthy, drain -> 8), not 4 + 8 + 4.
+    rig = make_rig("dgx-h100")
+    rig.control.inject("ecc-dbe", 0)
+    rig.pump()
+    keys = {f.key for f in rig.model.faults()}
+    assert {"ecc-dbe", "xid:48", "remap-pending"} <= keys
+    assert rig.model.node_health().score == pytest.approx(8.0)
+
+
+def test_xid_storm_is_one_incident_and_every_event_is_counted(make_rig: MakeRig) -> None:
+    rig = make_rig("dgx-h100")
+    for _ in range(50):
+        rig.control.inject("xid", 1, code=13)
+    rig.pump()
+    node = rig.model.node_health()
+    assert node.xids_total[(rig.uuids[1], 13)] == 50
+    assert node.score == pytest.approx(0.25)
