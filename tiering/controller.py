@@ -241,7 +241,11 @@ class Controller:
             self._deferred.pop(node.name, None)
             self.metrics.drains.labels(result="started").inc()
             self._event(
-                node.name, "DrainStarted", f"cordoned and draining: {action.cause}", now, True
+                node.name,
+                "DrainStarted",
+                f"cordoned and draining (tier {action.tier}): {action.cause}",
+                now,
+                True,
             )
             log.info("drain started on %s (tier %s): %s", node.name, action.tier, action.cause)
 
