@@ -12,6 +12,7 @@ from collections.abc import Callable
 from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.agent.sampler import Sampler
+from nodeagent.health import component as health_component
 
 ComponentFactory = Callable[[AgentContext], Component | None]
 
@@ -23,6 +24,7 @@ def _sampler(ctx: AgentContext) -> Component:
 FACTORIES: list[ComponentFactory] = [
     _sampler,
     mig_reconciler.build_component,
+    health_component.build_component,
 ]
 
 

@@ -8,6 +8,7 @@ import typer
 
 from nodeagent import __version__
 from nodeagent.cli import gpus, run
+from nodeagent.cli.health import app as health_app
 from nodeagent.cli.mig import app as mig_app
 from nodeagent.cli.sim import app as sim_app
 
@@ -39,6 +40,7 @@ def main_callback(
 app.command("gpus")(gpus.gpus)
 app.command("topo")(gpus.topo)
 app.command("run")(run.run)
+app.add_typer(health_app, name="health", help="GPU health, reasons, actions and node stability.")
 app.add_typer(mig_app, name="mig", help="MIG layouts: plan, apply, assert, show, export.")
 app.add_typer(sim_app, name="sim", help="The simulated node: presets, faults, processes.")
 
