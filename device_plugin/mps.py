@@ -129,20 +129,27 @@ class MpsDaemon:
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if not self.alive():  # a daemon left from an earlier agent is adopted
+            # The daemon forks and keeps inherited descriptors: a pipe for its output would never
+            # reach EOF, so the launcher's stderr goes to a file in the log directory.
+            errors = self.log_dir / "launcher.err"
             try:
-                launcher = subprocess.run(
-                    [str(self.binary), "-d"],
-                    env=self._env(),
-                    capture_output=True,
-                    timeout=self.section.start_timeout_s,
-                    check=False,
-                )
+                with errors.open("wb") as err:
+                    launcher = subprocess.run(
+                        [str(self.binary), "-d"],
+                        env=self._env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        timeout=self.section.start_timeout_s,
+                        check=False,
+                    )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise MpsError(f"GPU {self.target.gpu_uuid}: cannot start MPS: {exc}") from exc
             if launcher.returncode != 0:
+                detail = errors.read_text(errors="replace").strip().splitlines()
                 raise MpsError(
                     f"GPU {self.target.gpu_uuid}: `{self.binary} -d` exited "
-                    f"{launcher.returncode}: {launcher.stderr.decode(errors='replace').strip()}"
+                    f"{launcher.returncode}{': ' + detail[-1] if detail else ''}"
                 )
             self.starts += 1
             deadline = time.monotonic() + self.section.start_timeout_s
