@@ -77,7 +77,8 @@ def main() -> None:
     try:
         deadline = time.monotonic() + 60
         while not port_file.exists():
-            assert time.monotonic() < deadline and child.poll() is None, "agent did not start"
+            if time.monotonic() > deadline or child.poll() is not None:
+                raise SystemExit("the agent child did not start")
             time.sleep(0.1)
         port = int(port_file.read_text())
         proc = psutil.Process(child.pid)
