@@ -52,7 +52,7 @@ def test_capability_labels(make_node, preset, expected):
     first = snapshot.gpus[0].info
     assert labels[lbl.GPU_PRODUCT] == first.name.replace(" ", "-")
     assert labels[lbl.GPU_MEMORY] == str(first.memory_total_bytes // 2**20)
-    major, minor, *rest = snapshot.driver_version.split(".")
+    major, minor, *_ = snapshot.driver_version.split(".")
     assert (labels[lbl.CUDA_DRIVER_MAJOR], labels[lbl.CUDA_DRIVER_MINOR]) == (major, minor)
     assert labels[lbl.DRIVER_VERSION] == snapshot.driver_version
     for key, value in labels.items():
