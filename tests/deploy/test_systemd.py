@@ -196,15 +196,7 @@ def test_simulated_node_from_the_documented_steps(tmp_path: Path) -> None:
     root = tmp_path / "root"
     # Step 1: `nodeagent install-systemd --root ROOT --simulate dgx-h100`.
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nodeagent.cli.install",
-            "--root",
-            str(root),
-            "--simulate",
-            "dgx-h100",
-        ],
+        [str(BINARY), "install-systemd", "--root", str(root), "--simulate", "dgx-h100"],
         capture_output=True,
         text=True,
         timeout=60,
