@@ -278,8 +278,9 @@ _SPECS: tuple[MetricSpec, ...] = (
         "nodeagent_node_stability_score",
         G,
         (),
-        "ratio",
-        "The node stability score, 1 = stable, 0 = unusable.",
+        "1",
+        "The node stability score: the decayed sum of recent fault weights (0 = no recent "
+        "faults; the level thresholds are health.degraded_enter / unstable_enter).",
         "health",
     ),
     MetricSpec(

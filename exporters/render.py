@@ -45,31 +45,40 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
 STABILITY_LEVELS = ("stable", "degraded", "unstable")
 
 
-@dataclass(frozen=True, slots=True)
-class XidRecord:
-    """How often an XID code was seen on a GPU and when last."""
-
-    gpu_uuid: str
-    code: int
-    count: int
-    last_seen_s: float
-
-
 @runtime_checkable
-class XidCounts(Protocol):
-    """Optional health-source extension: XID counts per GPU and code since the agent started."""
+class NodeHealthView(Protocol):
+    """The node-level part of the health model's report (its ``NodeHealth``), read by shape.
 
-    def xid_counts(self) -> Sequence[XidRecord]:
-        """Every (GPU, code) seen so far."""
+    The exporter depends on these attributes only, not on the health model's module.
+    """
+
+    @property
+    def level(self) -> str:
+        """Stability level: stable, degraded or unstable."""
+        ...
+
+    @property
+    def score(self) -> float:
+        """The decayed sum of fault weights (0 = no recent faults)."""
+        ...
+
+    @property
+    def xids_total(self) -> Mapping[tuple[str, int], int]:
+        """XIDs seen, by (GPU UUID, code)."""
+        ...
+
+    @property
+    def xid_last_s(self) -> Mapping[tuple[str, int], float]:
+        """Unix time each (GPU UUID, code) was last seen."""
         ...
 
 
 @runtime_checkable
-class Stability(Protocol):
-    """Optional health-source extension: the node stability score (0..1) and level."""
+class NodeHealthSource(Protocol):
+    """A health source that also reports node stability and XID counts (the health model)."""
 
-    def stability(self) -> tuple[float, str]:
-        """The score and its level (stable, degraded, unstable)."""
+    def node_health(self) -> NodeHealthView:
+        """A consistent view of the node's health."""
         ...
 
 
@@ -396,17 +405,22 @@ class Renderer:
     ) -> None:
         if source is None:
             return
+        if not isinstance(source, NodeHealthSource):
+            return
+        view = source.node_health()
         index = {g.info.uuid: str(g.info.index) for g in snap.gpus}
-        if isinstance(source, XidCounts):
-            for rec in source.xid_counts():
-                ids = (index.get(rec.gpu_uuid, ""), rec.gpu_uuid, str(rec.code))
-                f.add("nodeagent_gpu_xid_errors_total", ids, rec.count)
-                f.add("nodeagent_gpu_xid_last_seen_timestamp_seconds", ids, rec.last_seen_s)
-        if isinstance(source, Stability):
-            score, level = source.stability()
-            f.add("nodeagent_node_stability_score", (), score)
-            for candidate in STABILITY_LEVELS:
-                f.add("nodeagent_node_stability_level", (candidate,), float(candidate == level))
+        for (uuid, code), count in sorted(view.xids_total.items()):
+            ids = (index.get(uuid, ""), uuid, str(code))
+            f.add("nodeagent_gpu_xid_errors_total", ids, count)
+            f.add(
+                "nodeagent_gpu_xid_last_seen_timestamp_seconds",
+                ids,
+                view.xid_last_s.get((uuid, code)),
+            )
+        f.add("nodeagent_node_stability_score", (), view.score)
+        level = str(view.level)
+        for candidate in STABILITY_LEVELS:
+            f.add("nodeagent_node_stability_level", (candidate,), float(candidate == level))
 
     def _device_plugin(
         self,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from exporter_factories import FakeKubelet
 
 from device_plugin.api.podresources.v1 import api_pb2_grpc
 from exporters.podresources import MIN_INTERVAL_S, PodResourcesPoller, strip_replica
+from tests.exporters.exporter_factories import FakeKubelet
 
 
 @pytest.fixture

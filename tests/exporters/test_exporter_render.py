@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from exporter_factories import (
+
+from exporters.catalog import CATALOG, markdown
+from exporters.podresources import Allocations, PodDevice
+from exporters.render import Rendered, Renderer, Sources, age_lines
+from nodeagent.config.policy import PoolPolicy
+from nodeagent.gpu.types import NodeSnapshot, RemappedRows
+from nodeagent.health.source import DeviceHealth, HealthState
+from tests.exporters.exporter_factories import (
     H100_GEOMETRY,
     gpu_state,
     gpu_uuid,
@@ -18,24 +25,26 @@ from exporter_factories import (
     value,
 )
 
-from exporters.catalog import CATALOG, markdown
-from exporters.podresources import Allocations, PodDevice
-from exporters.render import Rendered, Renderer, Sources, XidRecord, age_lines
-from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import NodeSnapshot, RemappedRows
-from nodeagent.health.source import DeviceHealth, HealthState
-
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The node-level health report the health model hands out (by shape)."""
+
+    level: str = "stable"
+    score: float = 0.0
+    xids_total: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    xid_last_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
 
 @dataclass
 class FakeHealth:
-    """A health source with the optional XID and stability extensions (a test double for the
-    health model's interface, not its logic)."""
+    """A health source with a node view: a test double for the health model's interface, not
+    its logic."""
 
     devices: dict[str, DeviceHealth] = field(default_factory=dict)
-    xids: list[XidRecord] = field(default_factory=list)
-    score: tuple[float, str] = (1.0, "stable")
+    node: NodeView = field(default_factory=NodeView)
 
     def device_health(self) -> Mapping[str, DeviceHealth]:
         return self.devices
@@ -43,11 +52,8 @@ class FakeHealth:
     def subscribe(self, callback: object) -> object:
         return lambda: None
 
-    def xid_counts(self) -> Sequence[XidRecord]:
-        return self.xids
-
-    def stability(self) -> tuple[float, str]:
-        return self.score
+    def node_health(self) -> NodeView:
+        return self.node
 
 
 def render(
@@ -90,8 +96,7 @@ def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
             gpu_uuid(0): DeviceHealth(gpu_uuid(0), 0, HealthState.HEALTHY, (), "", 0.0),
             mig0[0].uuid: DeviceHealth(mig0[0].uuid, 0, HealthState.DEGRADED, (), "", 0.0),
         },
-        xids=[XidRecord(gpu_uuid(3), 79, 2, 999.0)],
-        score=(0.4, "unstable"),
+        node=NodeView("unstable", 7.5, {(gpu_uuid(3), 79): 2}, {(gpu_uuid(3), 79): 999.0}),
     )
     allocations = Allocations(
         990.0,
@@ -302,7 +307,7 @@ def test_xids_stability_and_pod_attribution() -> None:
     samples = render(snap, health=health, allocations=allocations)
     assert value(samples, "nodeagent_gpu_xid_errors_total", gpu="3", xid="79") == 2.0
     assert value(samples, "nodeagent_gpu_xid_last_seen_timestamp_seconds", xid="79") == 999.0
-    assert value(samples, "nodeagent_node_stability_score") == 0.4
+    assert value(samples, "nodeagent_node_stability_score") == 7.5
     assert value(samples, "nodeagent_node_stability_level", level="unstable") == 1.0
     assert value(samples, "nodeagent_node_stability_level", level="stable") == 0.0
     mig_pod = value(samples, "nodeagent_device_plugin_pod_devices", pod="infer")

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from exporter_factories import parse_samples, value
 
 from exporters import build_component
 from exporters.component import MetricsExporter
@@ -24,6 +23,7 @@ from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
+from tests.exporters.exporter_factories import parse_samples, value
 
 BODY = b"# HELP x y\n# TYPE x gauge\nx 1.0\n"
 

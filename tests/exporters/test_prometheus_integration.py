@@ -22,7 +22,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from exporter_factories import FakeKubelet
 
 from device_plugin.api.podresources.v1 import api_pb2_grpc
 from exporters.component import MetricsExporter, build_component
@@ -33,6 +32,7 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.config.schema import AgentConfig, NodeSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
+from tests.exporters.exporter_factories import FakeKubelet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
