@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from device_plugin import component as device_plugin_component
 from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.agent.sampler import Sampler
@@ -25,6 +26,7 @@ FACTORIES: list[ComponentFactory] = [
     _sampler,
     mig_reconciler.build_component,
     health_component.build_component,
+    device_plugin_component.build_component,
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 from mig.apply import ApplyReport, reconcile
@@ -16,6 +17,7 @@ from nodeagent.gpu.errors import GpuError
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "mig-status.json"
+RETRY_S = 60.0  # how often a layout that is not fully applied is tried again
 
 
 class MigReconciler:
@@ -97,8 +99,12 @@ class MigReconciler:
             self.reconcile_once()
             self._ready.set()
             # A layout that is not yet fully applied (reset required, busy instance) is retried
-            # every minute; an applied one only on reload.
-            self._wake.wait(60.0)
+            # every RETRY_S; an applied one only on reload. Waiting on ``stop`` in short steps
+            # keeps shutdown prompt while a reload can still wake us.
+            deadline = time.monotonic() + RETRY_S
+            while not self._wake.is_set() and time.monotonic() < deadline:
+                if stop.wait(0.1):
+                    return
             self._wake.clear()
 
 
