@@ -152,7 +152,7 @@ def run_command(
     cache = NodeCache(kube)
     clock = SystemClock()
     elector = None
-    if not dry_run and not once:
+    if not dry_run:
         elector = LeaderElector(
             kube,
             namespace=namespace,
@@ -166,7 +166,14 @@ def run_command(
             cache.relist()
         except KubeError as exc:
             fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+        if elector is not None and not elector.try_acquire_or_renew():
+            fail(
+                f"another replica holds the lease {namespace}/{lease_name}",
+                "use --dry-run to see what would change, or stop the running service first",
+            )
         result = controller.reconcile_once()
+        if elector is not None:
+            elector.release()
         for line in controller.dry_log.lines:
             sys.stdout.write(f"would {line}\n")
         if not dry_run:
