@@ -31,6 +31,7 @@ from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.config.schema import AgentConfig, NodeSection
 from nodeagent.gpu.node import GpuNode
+from nodeagent.health.component import build_component as build_health
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import FakeKubelet
 
@@ -147,11 +148,15 @@ def agent(
         pools={"train": PoolPolicy(expected_driver_version="570.124.06")},
     )
     ctx = AgentContext(config=config, node=node, state_dir=tmp_path / "state")
+    # The real health model, built first as in the agent, so XIDs and stability reach the exporter
+    # through ctx.health exactly as in production.
+    health = build_health(ctx)
+    assert health is not None and ctx.health is not None
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
     sampler = Sampler(node, ctx.snapshots, 0.5)
     stop = threading.Event()
-    threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, exporter)]
+    threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, health, exporter)]
     for t in threads:
         t.start()
     try:
@@ -191,6 +196,9 @@ def test_prometheus_scrapes_series_and_sees_faults(
         assert prom.query('nodeagent_gpu_row_remap_pending{gpu="5"}')[0]["value"][1] == "0"
         assert prom.query("nodeagent_driver_drift")[0]["value"][1] == "0"
 
+        assert prom.query("nodeagent_node_stability_level == 1")[0]["metric"]["level"] == "stable"
+
+        control.inject("xid", 3, code=79)
         control.inject("remap-pending", 5)
         control.inject("driver", 0, version="580.65.06")
         prom.wait_for(
@@ -200,6 +208,11 @@ def test_prometheus_scrapes_series_and_sees_faults(
         )
         drift = prom.wait_for("nodeagent_driver_drift == 1", lambda r: bool(r), 20)
         assert drift[0]["metric"]["driver_version"] == "580.65.06"
+        xid = prom.wait_for('nodeagent_gpu_xid_errors_total{xid="79"}', lambda r: bool(r), 20)
+        assert (xid[0]["metric"]["gpu"], xid[0]["value"][1]) == ("3", "1")
+        prom.wait_for(
+            'nodeagent_gpu_health_state{gpu="3",state="healthy"} == 0', lambda r: bool(r), 20
+        )
         age = float(prom.query("nodeagent_snapshot_age_seconds")[0]["value"][1])
         assert 0 <= age < 5
     finally:
