@@ -151,7 +151,8 @@ def agent(
     # The real health model, built first as in the agent, so XIDs and stability reach the exporter
     # through ctx.health exactly as in production.
     health = build_health(ctx)
-    assert health is not None and ctx.health is not None
+    assert health is not None
+    assert ctx.health is not None
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
     sampler = Sampler(node, ctx.snapshots, 0.5)
