@@ -9,7 +9,7 @@ pure function of a :class:`NodeSnapshot` plus the pool and health facts the agen
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from nodeagent.gpu.types import LinkKind, NodeSnapshot
@@ -38,6 +38,7 @@ DRIVER_VERSION = "nodeagent.io/driver-version"  # full driver version, e.g. 550.
 TIER = "nodeagent.io/tier"  # written by the tiering service, never by the agent
 
 # Every label the agent owns: a key here that the agent no longer computes is removed.
+# The health reporter writes GPU_HEALTH, STABILITY and DRIVER_VERSION itself (same names).
 AGENT_LABELS: tuple[str, ...] = (
     GPU_PRODUCT,
     GPU_MEMORY,
@@ -155,21 +156,29 @@ def capability_labels(snapshot: NodeSnapshot, facts: NodeFacts) -> dict[str, str
     return labels
 
 
-def label_patch(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:
+def label_patch(
+    current: Mapping[str, str],
+    desired: Mapping[str, str],
+    managed: Iterable[str] = AGENT_LABELS,
+) -> dict[str, str | None]:
     """The JSON merge-patch ``metadata.labels`` body that turns ``current`` into ``desired``.
 
-    Only agent-owned keys are touched: a stale agent key maps to ``None`` (delete), labels of
-    other owners are left alone. Empty when nothing changed, so the agent skips the API call.
+    Only ``managed`` keys are removed: a stale one maps to ``None`` (delete), labels of other
+    owners are left alone (pass a narrower ``managed`` when another component, such as the
+    health reporter, owns some of these keys). Empty when nothing changed, so the agent skips
+    the API call.
     """
     patch: dict[str, str | None] = {
         key: value for key, value in desired.items() if current.get(key) != value
     }
-    for key in AGENT_LABELS:
+    for key in managed:
         if key in current and key not in desired:
             patch[key] = None
     return patch
 
 
-def labels_changed(current: Mapping[str, str], desired: Mapping[str, str]) -> bool:
+def labels_changed(
+    current: Mapping[str, str], desired: Mapping[str, str], managed: Iterable[str] = AGENT_LABELS
+) -> bool:
     """Whether the node's agent-owned labels differ from ``desired``."""
-    return bool(label_patch(current, desired))
+    return bool(label_patch(current, desired, managed))

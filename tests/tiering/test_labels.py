@@ -94,3 +94,9 @@ def test_label_patch(current, desired, patch):
 )
 def test_label_value(text, value):
     assert lbl.label_value(text) == value
+
+
+def test_narrower_ownership_keeps_the_health_reporters_labels():
+    current = {lbl.STABILITY: "unstable", lbl.GPU_COUNT: "8"}
+    capability_only = [k for k in lbl.AGENT_LABELS if k != lbl.STABILITY]
+    assert lbl.label_patch(current, {lbl.GPU_COUNT: "8"}, capability_only) == {}
