@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from exporters.podresources import PodResourcesPoller
 from exporters.render import Rendered, Renderer, Sources
@@ -51,8 +50,8 @@ class MetricsExporter:
     """Renders every new snapshot on its own thread and serves the result.
 
     The sampler's subscriber callback only wakes this thread, so a slow render never delays
-    sampling. ``ready_check`` decides ``/readyz``; the agent sets it to "all components ready"
-    (:meth:`set_ready_check`), and until then it is this component's own readiness.
+    sampling. ``/readyz`` reports ``ctx.all_ready`` (every component of the agent is ready)
+    when the agent provides it, else this component's own readiness.
     """
 
     name = "metrics"
@@ -83,16 +82,16 @@ class MetricsExporter:
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
         self._wake = threading.Event()
-        self._ready_check: Callable[[], bool] = lambda: self.ready
 
     @property
     def ready(self) -> bool:
         """Serving, with a first snapshot rendered."""
         return self.server is not None and self.latest is not None
 
-    def set_ready_check(self, check: Callable[[], bool]) -> None:
-        """What ``/readyz`` reports: the agent passes "every component is ready"."""
-        self._ready_check = check
+    def ready_check(self) -> bool:
+        """What ``/readyz`` reports: the whole agent's readiness where known."""
+        all_ready = self.ctx.all_ready
+        return all_ready() if all_ready is not None else self.ready
 
     def render_latest(self) -> Rendered | None:
         """Render the newest snapshot if it is newer than the one served."""
@@ -120,7 +119,7 @@ class MetricsExporter:
             )
             poller_thread.start()
         server = MetricsServer(
-            self.address, lambda: self.latest, lambda: self._ready_check(), tls=self.tls
+            self.address, lambda: self.latest, self.ready_check, tls=self.tls
         )
         server.start()
         self.server = server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -58,3 +59,4 @@ class AgentContext:
     restarts: dict[str, int] = field(default_factory=dict)  # component name -> restarts
     kubelet_dir: Path | None = None  # device-plugin directory override (--kubelet-dir)
     metrics_address: str | None = None  # metrics address override (--metrics-address)
+    all_ready: Callable[[], bool] | None = None  # every component ready (set by the agent)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import exporters
 from device_plugin import component as device_plugin_component
 from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
@@ -27,6 +28,7 @@ FACTORIES: list[ComponentFactory] = [
     mig_reconciler.build_component,
     health_component.build_component,
     device_plugin_component.build_component,
+    exporters.build_component,
 ]
 
 

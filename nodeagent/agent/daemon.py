@@ -68,6 +68,8 @@ class Agent:
             kubelet_dir=kubelet_dir,
             metrics_address=metrics_address,
         )
+        # /readyz and READY=1 mean the same thing: every component is up.
+        self.ctx.all_ready = lambda: self.ready
         self.supervisor = Supervisor(self.ctx.restarts)
         self.components: list[Component] = []
         self._reload_requested = threading.Event()

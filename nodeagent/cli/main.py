@@ -11,6 +11,7 @@ from nodeagent.cli import gpus, run
 from nodeagent.cli.health import app as health_app
 from nodeagent.cli.mig import app as mig_app
 from nodeagent.cli.sim import app as sim_app
+from nodeagent.cli.tiering import app as tiering_app
 
 app = typer.Typer(
     name="nodeagent",
@@ -42,6 +43,9 @@ app.command("topo")(gpus.topo)
 app.command("run")(run.run)
 app.add_typer(health_app, name="health", help="GPU health, reasons, actions and node stability.")
 app.add_typer(mig_app, name="mig", help="MIG layouts: plan, apply, assert, show, export.")
+app.add_typer(
+    tiering_app, name="tiering", help="The central tiering service: run, report, reset-breaker."
+)
 app.add_typer(sim_app, name="sim", help="The simulated node: presets, faults, processes.")
 
 

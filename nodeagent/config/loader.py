@@ -250,12 +250,12 @@ def env_overrides(
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
         name = f"{prefix}_{field.name.upper()}"
-        inner = _unwrap_optional(hint)
+        inner = unwrap_optional(hint)
         if dataclasses.is_dataclass(inner) and isinstance(inner, type):
             nested = env_overrides(inner, environ, name)
             if nested:
                 result[_field_key(field)] = nested
-        elif _is_scalar(inner) and name in environ:
+        elif is_scalar_type(inner) and name in environ:
             result[_field_key(field)] = environ[name]
     return result
 
@@ -265,16 +265,16 @@ def env_names(cls: type[Any], prefix: str = "NODEAGENT") -> list[str]:
     names: list[str] = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        inner = _unwrap_optional(hints[field.name])
+        inner = unwrap_optional(hints[field.name])
         name = f"{prefix}_{field.name.upper()}"
         if dataclasses.is_dataclass(inner) and isinstance(inner, type):
             names.extend(env_names(inner, name))
-        elif _is_scalar(inner):
+        elif is_scalar_type(inner):
             names.append(name)
     return names
 
 
-def _unwrap_optional(hint: Any) -> Any:
+def unwrap_optional(hint: Any) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         non_none = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(non_none) == 1:
@@ -282,7 +282,7 @@ def _unwrap_optional(hint: Any) -> Any:
     return hint
 
 
-def _is_scalar(hint: Any) -> bool:
+def is_scalar_type(hint: Any) -> bool:
     if hint in (str, int, float, bool, Path):
         return True
     if typing.get_origin(hint) is typing.Literal:

@@ -30,13 +30,13 @@ class ReplicaPlacement(enum.StrEnum):
 class Sharing:
     """Sharing settings for one GPU or a default for all."""
 
-    mode: SharingMode = SharingMode.EXCLUSIVE
+    mode: SharingMode = SharingMode.EXCLUSIVE  # exclusive, time-slicing or mps
     replicas: int = 1  # devices advertised per physical device (time-slicing and MPS)
     rename_shared: bool = False  # advertise `<resource>.shared` for shared devices
     fail_requests_greater_than_one: bool = False  # reject a pod asking for >1 replica
     mps_active_thread_percentage: int | None = None  # per replica; default 100 / replicas
     mps_pinned_memory_limit_mib: int | None = None  # per replica; default memory / replicas
-    replica_placement: ReplicaPlacement = ReplicaPlacement.SPREAD
+    replica_placement: ReplicaPlacement = ReplicaPlacement.SPREAD  # for multi-replica requests
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -54,7 +54,9 @@ class PoolPolicy:
 
     mig_layout: str | None = None  # a config name in the MIG layout file; None leaves MIG alone
     sharing: Sharing = field(default_factory=Sharing)  # default for every GPU
-    gpu_sharing: dict[str, Sharing] = field(default_factory=dict)  # by GPU index or UUID
+    gpu_sharing: dict[str, Sharing] = field(
+        default_factory=dict, metadata={"placeholder": "gpu"}
+    )  # per-GPU overrides, keyed by GPU index ("3") or UUID
     expected_driver_version: str | None = None  # drift is flagged when the node differs
     request_sizes: tuple[str, ...] = ()  # MIG profiles / "gpu" sizes the pool's jobs ask for
 

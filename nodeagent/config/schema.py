@@ -69,7 +69,9 @@ class AgentConfig:
     device_plugin: DevicePluginSection = field(default_factory=DevicePluginSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
-    pools: dict[str, PoolPolicy] = field(default_factory=lambda: {"default": PoolPolicy()})
+    pools: dict[str, PoolPolicy] = field(
+        default_factory=lambda: {"default": PoolPolicy()}, metadata={"placeholder": "pool"}
+    )  # policy per pool name; node.pool picks this node's
 
     def __post_init__(self) -> None:
         if self.node.pool not in self.pools:

@@ -229,7 +229,7 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         assert _wait(lambda: exporter.renderer.renders == renders + 1)
         after = parse_samples(get(port, "/metrics")[2].decode())
         assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
-        exporter.set_ready_check(lambda: False)
+        exporter.ctx.all_ready = lambda: False  # another component not ready yet
         assert get(port, "/readyz")[0] == 503
     finally:
         stop.set()
