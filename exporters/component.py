@@ -8,6 +8,7 @@ import threading
 from exporters.podresources import PodResourcesPoller
 from exporters.render import Rendered, Renderer, Sources
 from exporters.server import MetricsServer, TlsFiles
+from nodeagent import labels
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
@@ -93,6 +94,20 @@ class MetricsExporter:
         all_ready = self.ctx.all_ready
         return all_ready() if all_ready is not None else self.ready
 
+    def capacity_annotations(self) -> dict[str, str]:
+        """The node's capacity as annotations, for the pool review without Prometheus."""
+        capacity = self.latest.capacity if self.latest is not None else None
+        if capacity is None:
+            return {}
+        out = {
+            labels.STRANDED_SLICES_ANNOTATION: str(capacity.stranded_mig_slices),
+            labels.STRANDED_GPUS_ANNOTATION: str(capacity.stranded_gpus),
+        }
+        if capacity.mig_fragmentation_mean is not None:
+            # Two decimals: finer changes are noise and would patch the node on every render.
+            out[labels.FRAGMENTATION_ANNOTATION] = f"{capacity.mig_fragmentation_mean:.2f}"
+        return out
+
     def render_latest(self) -> Rendered | None:
         """Render the newest snapshot if it is newer than the one served."""
         store = self.ctx.snapshots
@@ -118,9 +133,7 @@ class MetricsExporter:
                 daemon=True,
             )
             poller_thread.start()
-        server = MetricsServer(
-            self.address, lambda: self.latest, self.ready_check, tls=self.tls
-        )
+        server = MetricsServer(self.address, lambda: self.latest, self.ready_check, tls=self.tls)
         server.start()
         self.server = server
         try:
@@ -162,7 +175,11 @@ def build_component(ctx: AgentContext) -> Component | None:
     poller = None
     if cfg.pod_attribution:
         poller = PodResourcesPoller(cfg.pod_resources_socket, cfg.pod_resources_interval_s)
-    return MetricsExporter(ctx, address=ctx.metrics_address or cfg.address, tls=tls, poller=poller)
+    exporter = MetricsExporter(
+        ctx, address=ctx.metrics_address or cfg.address, tls=tls, poller=poller
+    )
+    ctx.node_annotations = exporter.capacity_annotations
+    return exporter
 
 
 __all__ = ["GeometryCache", "MetricsExporter", "build_component"]

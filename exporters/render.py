@@ -83,6 +83,16 @@ class NodeHealthSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """The node's capacity summary of one render (also published as node annotations)."""
+
+    mig_fragmentation_mean: float | None  # mean fragmentation ratio over MIG GPUs; None: none
+    stranded_mig_slices: int  # free slices no requested profile can use, over all GPUs
+    stranded_gpus: int  # free whole GPUs no whole-GPU request size can use
+    free_gpus: int  # free whole GPUs
+
+
+@dataclass(frozen=True, slots=True)
 class Rendered:
     """Exposition bytes of one snapshot, plain and gzip-compressed."""
 
@@ -90,6 +100,7 @@ class Rendered:
     gzipped: bytes
     snapshot_timestamp_s: float
     generation: int = 0
+    capacity: NodeCapacity | None = None
 
 
 def version() -> str:
@@ -232,16 +243,16 @@ class Renderer:
         for function, count in snapshot.nvml_errors.items():
             self._nvml_errors[function] = self._nvml_errors.get(function, 0) + count
         families = _Families()
-        self._fill(families, snapshot)
+        capacity = self._fill(families, snapshot)
         families.add("nodeagent_render_duration_seconds", (), self._last_render_s)
         body = self._cache.render(families)
         self._last_render_s = time.perf_counter() - started
         self.renders += 1
         # Level 1: a 2x smaller body for a fraction of the cost of level 6, once per snapshot.
-        return Rendered(body, gzip.compress(body, 1), snapshot.timestamp_s, generation)
+        return Rendered(body, gzip.compress(body, 1), snapshot.timestamp_s, generation, capacity)
 
     # --- families ----------------------------------------------------------------------------
-    def _fill(self, f: _Families, snap: NodeSnapshot) -> None:
+    def _fill(self, f: _Families, snap: NodeSnapshot) -> NodeCapacity:
         policy = self.sources.policy()
         health_source = self.sources.health()
         health = dict(health_source.device_health()) if health_source is not None else {}
@@ -252,6 +263,8 @@ class Renderer:
 
         self._inventory(f, snap, policy)
         free_gpus: list[int] = []
+        ratios: list[float] = []
+        stranded_slices = 0
         mig_by_uuid: dict[str, tuple[GpuState, GpuInstance]] = {}
         for gpu in snap.gpus:
             ids = (str(gpu.info.index), gpu.info.uuid)
@@ -261,21 +274,27 @@ class Renderer:
                 for ci in gi.compute_instances:
                     mig_by_uuid[ci.uuid] = (gpu, gi)
             if gpu.info.mig_enabled and not gpu.lost:
-                self._mig(f, gpu, ids, health, policy)
+                measured = self._mig(f, gpu, ids, health, policy)
+                if measured is not None:
+                    ratios.append(measured[0])
+                    stranded_slices += measured[1]
             elif self._is_free(gpu, health.get(gpu.info.uuid), allocated_uuids):
                 free_gpus.append(gpu.info.index)
 
         components = fragmentation.nvlink_components(free_gpus, snap.topology)
         f.add("nodeagent_free_gpus", (), len(free_gpus))
         f.add("nodeagent_free_nvlink_set_gpus", (), components[0] if components else 0)
-        f.add(
-            "nodeagent_stranded_gpus",
-            (),
-            fragmentation.stranded_gpus(components, policy.request_sizes),
-        )
+        stranded_gpus = fragmentation.stranded_gpus(components, policy.request_sizes)
+        f.add("nodeagent_stranded_gpus", (), stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
         self._device_plugin(f, snap, allocations, mig_by_uuid)
         self._agent(f, snap)
+        return NodeCapacity(
+            mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
+            stranded_mig_slices=stranded_slices,
+            stranded_gpus=stranded_gpus,
+            free_gpus=len(free_gpus),
+        )
 
     def _inventory(self, f: _Families, snap: NodeSnapshot, policy: PoolPolicy) -> None:
         f.add("nodeagent_gpus", (), len(snap.gpus))
@@ -368,7 +387,8 @@ class Renderer:
         ids: tuple[str, str],
         health: Mapping[str, DeviceHealth],
         policy: PoolPolicy,
-    ) -> None:
+    ) -> tuple[float, int] | None:
+        """Per-instance and per-GPU MIG series; returns (fragmentation ratio, stranded slices)."""
         for gi in gpu.mig_instances:
             mig = (*ids, gi.profile, str(gi.instance_id))
             info = (*mig, gi.uuid or "", str(gi.placement.start), str(gi.placement.size))
@@ -381,7 +401,7 @@ class Renderer:
                     f.add("nodeagent_mig_health_state", (*mig, candidate.value), value)
         geometry = self.sources.geometry(gpu.info.index)
         if geometry is None:
-            return
+            return None
         occupied = sum(gi.placement.size for gi in gpu.mig_instances)
         f.add("nodeagent_mig_slices", ids, geometry.memory_slices)
         f.add("nodeagent_mig_free_slices", ids, geometry.memory_slices - occupied)
@@ -391,6 +411,7 @@ class Renderer:
         f.add("nodeagent_mig_fragmentation_ratio", ids, ratio)
         stranded = fragmentation.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
         f.add("nodeagent_stranded_mig_slices", ids, stranded)
+        return ratio, stranded
 
     @staticmethod
     def _is_free(gpu: GpuState, dh: DeviceHealth | None, allocated: set[str]) -> bool:

@@ -35,7 +35,13 @@ GPU_HEALTH = "nodeagent.io/gpu-health"  # worst device state: healthy|degraded|u
 STABILITY = "nodeagent.io/stability"  # stable | degraded | unstable
 NVLINK_LARGEST_SET = "nodeagent.io/nvlink-largest-set"  # GPUs in the largest NVLink island
 DRIVER_VERSION = "nodeagent.io/driver-version"  # full driver version, e.g. 550.54.15
+MIG_LAYOUT = "nodeagent.io/mig-layout"  # the pool's MIG layout, once the agent applied it
 TIER = "nodeagent.io/tier"  # written by the tiering service, never by the agent
+
+# Capacity annotations the agent publishes for the pool review when no Prometheus is at hand.
+FRAGMENTATION_ANNOTATION = "nodeagent.io/fragmentation"  # mean ratio 0..1 over MIG GPUs
+STRANDED_SLICES_ANNOTATION = "nodeagent.io/stranded-mig-slices"
+STRANDED_GPUS_ANNOTATION = "nodeagent.io/stranded-gpus"
 
 # Every label the agent owns: a key here that the agent no longer computes is removed.
 # The health reporter writes GPU_HEALTH, STABILITY and DRIVER_VERSION itself (same names).
@@ -58,6 +64,7 @@ AGENT_LABELS: tuple[str, ...] = (
     STABILITY,
     NVLINK_LARGEST_SET,
     DRIVER_VERSION,
+    MIG_LAYOUT,
 )
 
 # Compute capability major -> GFD family name (minor distinguishes Ada from Ampere).

@@ -26,9 +26,6 @@ from tiering.nodes import NodeView
 from tiering.policy import Stability, TierPolicy
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # mig-parted's label naming the node's layout
-FRAGMENTATION_ANNOTATION = "nodeagent.io/fragmentation"  # mean ratio 0..1 over MIG GPUs
-STRANDED_SLICES_ANNOTATION = "nodeagent.io/stranded-mig-slices"
-STRANDED_GPUS_ANNOTATION = "nodeagent.io/stranded-gpus"
 
 PROM_QUERIES = {
     "fragmentation": "avg by ({node}) (nodeagent_mig_fragmentation_ratio)",
@@ -158,7 +155,8 @@ def build_review(
             r.healthy += 1
         driver = n.labels.get(lbl.DRIVER_VERSION, "unknown")
         r.drivers[driver] = r.drivers.get(driver, 0) + 1
-        layout = n.labels.get(MIG_CONFIG_LABEL, "none")
+        # nodeagent's own label first; mig-manager's for nodes it configures.
+        layout = n.labels.get(lbl.MIG_LAYOUT) or n.labels.get(MIG_CONFIG_LABEL, "none")
         r.mig_layouts[layout] = r.mig_layouts.get(layout, 0) + 1
         if prometheus is not None:
             values = [
@@ -168,9 +166,9 @@ def build_review(
             ]
         else:
             values = [
-                _float(n.annotations.get(FRAGMENTATION_ANNOTATION)),
-                _float(n.annotations.get(STRANDED_SLICES_ANNOTATION)),
-                _float(n.annotations.get(STRANDED_GPUS_ANNOTATION)),
+                _float(n.annotations.get(lbl.FRAGMENTATION_ANNOTATION)),
+                _float(n.annotations.get(lbl.STRANDED_SLICES_ANNOTATION)),
+                _float(n.annotations.get(lbl.STRANDED_GPUS_ANNOTATION)),
             ]
         for bucket, value in zip((frag, slices, stranded), values, strict=True):
             if value is not None:

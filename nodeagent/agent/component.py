@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -60,3 +60,7 @@ class AgentContext:
     kubelet_dir: Path | None = None  # device-plugin directory override (--kubelet-dir)
     metrics_address: str | None = None  # metrics address override (--metrics-address)
     all_ready: Callable[[], bool] | None = None  # every component ready (set by the agent)
+    # What the node should carry besides health flags: capability labels (set by the agent)
+    # and capacity annotations (set by the exporter). The health reporter publishes both.
+    node_labels: Callable[[], Mapping[str, str]] | None = None
+    node_annotations: Callable[[], Mapping[str, str]] | None = None

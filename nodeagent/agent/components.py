@@ -13,6 +13,8 @@ import exporters
 from device_plugin import component as device_plugin_component
 from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
+from nodeagent.agent.mig_reconciler import MigReconciler
+from nodeagent.agent.node_labels import capability_provider
 from nodeagent.agent.sampler import Sampler
 from nodeagent.health import component as health_component
 
@@ -39,4 +41,6 @@ def build_components(ctx: AgentContext) -> list[Component]:
         component = factory(ctx)
         if component is not None:
             components.append(component)
+    reconciler = next((c for c in components if isinstance(c, MigReconciler)), None)
+    ctx.node_labels = capability_provider(ctx, reconciler)
     return components

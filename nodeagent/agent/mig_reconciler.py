@@ -43,6 +43,11 @@ class MigReconciler:
         """True after the first reconcile attempt (a failed one is reported, not fatal)."""
         return self._ready.is_set()
 
+    @property
+    def applied_layout(self) -> str | None:
+        """The layout name last applied in full, or None."""
+        return self._applied[0] if self._applied is not None else None
+
     def reload(self, config: AgentConfig) -> None:
         """Re-check the layout after SIGHUP (the pool's layout name or the file may differ)."""
         self._wake.set()

@@ -150,5 +150,8 @@ def build_component(ctx: AgentContext) -> HealthComponent | None:
         patcher=make_patcher(kube, cfg.node_name),
         retry_initial_s=kube.retry_initial_s,
         retry_max_s=kube.retry_max_s,
+        # Read at report time: the agent and the exporter set these after this factory runs.
+        extra_labels=lambda: ctx.node_labels() if ctx.node_labels else {},
+        extra_annotations=lambda: ctx.node_annotations() if ctx.node_annotations else {},
     )
     return HealthComponent(model, ctx.node, ctx.snapshots, reporter)

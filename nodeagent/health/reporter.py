@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from nodeagent.config.health import HealthSection
@@ -41,8 +42,17 @@ _REASONS = {
 }
 
 
-def desired_flags(health: NodeHealth, config: HealthSection) -> NodeFlags:
-    """The condition, labels, annotations and taint that describe ``health``."""
+def desired_flags(
+    health: NodeHealth,
+    config: HealthSection,
+    extra_labels: Mapping[str, str] | None = None,
+    extra_annotations: Mapping[str, str] | None = None,
+) -> NodeFlags:
+    """The condition, labels, annotations and taint that describe ``health``.
+
+    ``extra_labels`` / ``extra_annotations`` (capability labels, capacity annotations) are
+    published alongside; the health facts win where a key is in both.
+    """
     worst = health.worst
     reasons = node_reasons(health)
     actions = sorted({d.action for d in health.devices if d.reasons and d.action != "none"})
@@ -53,19 +63,20 @@ def desired_flags(health: NodeHealth, config: HealthSection) -> NodeFlags:
     else:
         message = "all GPUs healthy"
     message += f"; stability {health.level.value}, score {health.score:.1f}"
-    labels = [(LABEL_HEALTH, worst.value), (LABEL_STABILITY, health.level.value)]
+    labels = dict(extra_labels or {})
+    labels[LABEL_HEALTH] = worst.value
+    labels[LABEL_STABILITY] = health.level.value
     if health.driver_version:
-        labels.append((LABEL_DRIVER, label_value(health.driver_version)))
-    annotations = (
-        (ANNOTATION_SCORE, f"{health.score:.1f}"),
-        (ANNOTATION_REASONS, json.dumps(reasons)),
-    )
+        labels[LABEL_DRIVER] = label_value(health.driver_version)
+    annotations = dict(extra_annotations or {})
+    annotations[ANNOTATION_SCORE] = f"{health.score:.1f}"
+    annotations[ANNOTATION_REASONS] = json.dumps(reasons)
     return NodeFlags(
         healthy=worst.schedulable,
         reason=_REASONS[worst],
         message=message,
-        labels=tuple(labels),
-        annotations=annotations,
+        labels=tuple(sorted(labels.items())),
+        annotations=tuple(sorted(annotations.items())),
         taint=config.taint_unstable and health.level is StabilityLevel.UNSTABLE,
     )
 
@@ -82,6 +93,8 @@ class Reporter:
         patcher: NodePatcher | None = None,
         retry_initial_s: float = 0.5,
         retry_max_s: float = 30.0,
+        extra_labels: Callable[[], Mapping[str, str]] | None = None,
+        extra_annotations: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.model = model
         self.state_dir = state_dir
@@ -89,6 +102,8 @@ class Reporter:
         self.patcher = patcher
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
+        self.extra_labels = extra_labels
+        self.extra_annotations = extra_annotations
         self.wake = threading.Event()
         self.failures = 0  # consecutive failed patches
         self._retry_at = 0.0
@@ -119,7 +134,13 @@ class Reporter:
         if now < self._retry_at:
             return self._retry_at - now
         try:
-            self.patcher.apply(desired_flags(health, self.model.config))
+            flags = desired_flags(
+                health,
+                self.model.config,
+                self.extra_labels() if self.extra_labels else None,
+                self.extra_annotations() if self.extra_annotations else None,
+            )
+            self.patcher.apply(flags)
         except KubeUnavailableError as exc:
             self.failures += 1
             delay = min(self.retry_initial_s * 2.0 ** (self.failures - 1), self.retry_max_s)

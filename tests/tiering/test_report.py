@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
+from nodeagent.labels import FRAGMENTATION_ANNOTATION, STRANDED_GPUS_ANNOTATION
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import POLICY, add_nodes, gpu_labels
-from tiering.report import FRAGMENTATION_ANNOTATION, MIG_CONFIG_LABEL, STRANDED_GPUS_ANNOTATION
+from tiering.report import MIG_CONFIG_LABEL
 
 
 @pytest.fixture
