@@ -508,6 +508,14 @@ def markdown() -> str:
         for s in specs:
             labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
             lines.append(f"| `{s.name}` | {s.kind} | {s.unit} | {labels} | {s.help} |")
+    lines += [
+        "",
+        "## Tiering service",
+        "",
+        "The cluster's tiering service (`nodeagent tiering run`) serves its own",
+        "`nodeagent_tiering_*` metrics on its own port; they are cataloged, with a test that",
+        "keeps that list in step with the service, in [tiering.md](tiering.md#metrics).",
+    ]
     return "\n".join(lines) + "\n"
 
 
