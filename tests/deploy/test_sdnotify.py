@@ -25,7 +25,14 @@ def start_agent(
 ) -> subprocess.Popen[bytes]:
     (tmp_path / "kubelet").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NODEAGENT_", "WATCHDOG_"))}
-    env.update({"NOTIFY_SOCKET": listener.address, **extra_env})
+    # No kubelet here: the device plugin is off so READY means "sampler and health are up".
+    env.update(
+        {
+            "NOTIFY_SOCKET": listener.address,
+            "NODEAGENT_DEVICE_PLUGIN_ENABLED": "false",
+            **extra_env,
+        }
+    )
     return subprocess.Popen(
         [
             NODEAGENT,

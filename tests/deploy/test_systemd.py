@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from nodeagent.config.schema import load_agent_config
 from tests.deploy.notify import NotifyListener, free_port
 from tests.deploy.tools import require_tool
 from tests.deploy.units import environment, exec_start, parse_unit, seconds, unit_with_dropins
+from tests.device_plugin.kubelet import TestKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = Path(sys.executable).parent / "nodeagent"
@@ -191,9 +195,17 @@ def run_unit(unit: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def test_simulated_node_from_the_documented_steps(tmp_path: Path) -> None:
+@pytest.fixture
+def short_root() -> Iterator[Path]:
+    """A root with a short path: the kubelet socket under it must fit in 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="na-root-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_simulated_node_from_the_documented_steps(short_root: Path) -> None:
     """docs/operations.md's rehearsal: install, pick a MIG layout, start both units, READY."""
-    root = tmp_path / "root"
+    root = short_root
     # Step 1: `nodeagent install-systemd --root ROOT --simulate dgx-h100`.
     result = subprocess.run(
         [str(BINARY), "install-systemd", "--root", str(root), "--simulate", "dgx-h100"],
@@ -215,21 +227,33 @@ def test_simulated_node_from_the_documented_steps(tmp_path: Path) -> None:
     assert mig.returncode == 0, err.decode()
     assert (root / "var/lib/nodeagent/sim").is_dir(), "the simulated node lives in the root"
 
-    # ...then nodeagent.service, Type=notify with the unit's watchdog.
+    # ...then the kubelet (a stand-in speaking the real device-plugin API, on the rendered
+    # kubelet directory) and nodeagent.service, Type=notify with the unit's watchdog.
+    config = load_agent_config(root / "etc/nodeagent/nodeagent.yaml", environ={})
+    kubelet = TestKubelet(config.device_plugin.kubelet_dir)
+    kubelet.start()
     service = unit_with_dropins(unit_dir / "nodeagent.service")["Service"]
     watchdog_usec = int(seconds(service["WatchdogSec"][0]) * 1_000_000)
-    with NotifyListener() as listener:
-        agent = run_unit(
-            unit_dir / "nodeagent.service",
-            {"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": str(watchdog_usec)},
-        )
-        try:
-            listener.wait_for("READY", "1", timeout_s=60, proc=agent)
-            listener.wait_for("WATCHDOG", "1", timeout_s=10, proc=agent)
-        finally:
-            agent.send_signal(signal.SIGTERM)
-            _, agent_err = agent.communicate(timeout=30)
-        listener.wait_for("STOPPING", "1", timeout_s=5)
+    try:
+        with NotifyListener() as listener:
+            agent = run_unit(
+                unit_dir / "nodeagent.service",
+                {"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": str(watchdog_usec)},
+            )
+            try:
+                listener.wait_for("READY", "1", timeout_s=60, proc=agent)
+                listener.wait_for("WATCHDOG", "1", timeout_s=10, proc=agent)
+                # The node advertises its MIG devices to the kubelet.
+                assert kubelet.registrations, "the device plugin registered with the kubelet"
+                resource = kubelet.registrations[0].resource_name
+                assert resource.startswith("nvidia.com/")
+                assert kubelet.wait_devices(resource, timeout_s=10)
+            finally:
+                agent.send_signal(signal.SIGTERM)
+                _, agent_err = agent.communicate(timeout=30)
+            listener.wait_for("STOPPING", "1", timeout_s=5)
+    finally:
+        kubelet.stop()
     assert agent.returncode == 0, agent_err.decode()
     # The agent kept its state where the rendered config said.
     assert (root / "var/lib/nodeagent").is_dir()
