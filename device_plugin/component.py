@@ -43,8 +43,17 @@ class DevicePluginComponent:
 
     @property
     def ready(self) -> bool:
-        """Serving and registered with the kubelet."""
-        return self.manager is not None and self.manager.registered
+        """Serving, and registered with the kubelet when there is one.
+
+        Without a ``kubelet.sock`` (a bare host, or the kubelet not started yet) there is nothing
+        to wait for: holding READY back would only make systemd time out and restart the agent.
+        Once a kubelet listens, readiness waits for registration, so a rolling update of the
+        DaemonSet moves on only after the new agent advertises its devices.
+        """
+        manager = self.manager
+        if manager is None:
+            return False
+        return manager.registered or not manager.kubelet_present
 
     def reload(self, config: AgentConfig) -> None:
         """Take a new config (SIGHUP); applied by the run loop within one tick."""

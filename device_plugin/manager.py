@@ -246,6 +246,11 @@ class PluginManager:
             self.tick()
 
     @property
+    def kubelet_present(self) -> bool:
+        """Whether a kubelet registration socket exists in the device-plugin directory."""
+        return (self.directory / KUBELET_SOCKET).is_socket()
+
+    @property
     def registered(self) -> bool:
         """Whether every resource is registered with the current kubelet."""
         with self._lock:

@@ -108,6 +108,11 @@ class MetricsExporter:
             out[labels.FRAGMENTATION_ANNOTATION] = f"{capacity.mig_fragmentation_mean:.2f}"
         return out
 
+    def live_check(self) -> bool:
+        """What ``/healthz`` reports: the agent's liveness (threads up, sampling not wedged)."""
+        alive = self.ctx.alive
+        return alive() if alive is not None else True
+
     def render_latest(self) -> Rendered | None:
         """Render the newest snapshot if it is newer than the one served."""
         store = self.ctx.snapshots
@@ -133,7 +138,13 @@ class MetricsExporter:
                 daemon=True,
             )
             poller_thread.start()
-        server = MetricsServer(self.address, lambda: self.latest, self.ready_check, tls=self.tls)
+        server = MetricsServer(
+            self.address,
+            lambda: self.latest,
+            self.ready_check,
+            live_check=self.live_check,
+            tls=self.tls,
+        )
         server.start()
         self.server = server
         try:

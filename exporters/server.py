@@ -66,6 +66,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
     body: BodySource
     ready_check: Callable[[], bool]
+    live_check: Callable[[], bool]
     tls: ssl.SSLContext | None
     clock: Callable[[], float]
 
@@ -91,7 +92,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             self._metrics()
         elif path == "/healthz":
-            self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            alive = self.server.live_check()
+            self._send(
+                200 if alive else 503,
+                b"ok\n" if alive else b"wedged: a component died or sampling stalled\n",
+                "text/plain; charset=utf-8",
+            )
         elif path == "/readyz":
             ok = self.server.ready_check()
             self._send(
@@ -141,12 +147,14 @@ class MetricsServer:
         body: BodySource,
         ready_check: Callable[[], bool],
         *,
+        live_check: Callable[[], bool] = lambda: True,
         tls: TlsFiles | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.host, self.port = parse_address(address)
         self._body = body
         self._ready_check = ready_check
+        self._live_check = live_check
         self._tls = tls
         self._clock = clock
         self._httpd: _Server | None = None
@@ -160,6 +168,7 @@ class MetricsServer:
         httpd: _Server = server_cls((self.host, self.port), _Handler)
         httpd.body = self._body
         httpd.ready_check = self._ready_check
+        httpd.live_check = self._live_check
         httpd.tls = tls_ctx
         httpd.clock = self._clock
         self.port = httpd.server_address[1]  # the real port when 0 asked for a free one

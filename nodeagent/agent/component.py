@@ -60,6 +60,7 @@ class AgentContext:
     kubelet_dir: Path | None = None  # device-plugin directory override (--kubelet-dir)
     metrics_address: str | None = None  # metrics address override (--metrics-address)
     all_ready: Callable[[], bool] | None = None  # every component ready (set by the agent)
+    alive: Callable[[], bool] | None = None  # threads up and sampling not wedged (the agent)
     # What the node should carry besides health flags: capability labels (set by the agent)
     # and capacity annotations (set by the exporter). The health reporter publishes both.
     node_labels: Callable[[], Mapping[str, str]] | None = None

@@ -70,6 +70,9 @@ class Agent:
         )
         # /readyz and READY=1 mean the same thing: every component is up.
         self.ctx.all_ready = lambda: self.ready
+        # /healthz and the systemd watchdog use the same liveness rule.
+        self.ctx.alive = self.alive
+        self._started_at = time.monotonic()
         self.supervisor = Supervisor(self.ctx.restarts)
         self.components: list[Component] = []
         self._reload_requested = threading.Event()
@@ -127,11 +130,18 @@ class Agent:
         self.notifier.ready("reloaded")
         return True
 
-    def _snapshot_fresh(self) -> bool:
-        latest = self.ctx.snapshots.latest
-        if latest is None:
+    def alive(self) -> bool:
+        """Threads running and the snapshot fresh (or the first one still due).
+
+        A snapshot older than max(3 intervals, 10 s) means sampling is wedged, typically a hung
+        NVML call; the watchdog and ``/healthz`` then fail so the agent gets restarted.
+        """
+        if not self.supervisor.alive():
             return False
         max_age = max(3 * self.ctx.config.sampler.interval_s, 10.0)
+        latest = self.ctx.snapshots.latest
+        if latest is None:
+            return time.monotonic() - self._started_at < max_age
         return time.time() - latest.timestamp_s < max_age
 
     def serve(self, ready_timeout_s: float = 60.0) -> int:
@@ -153,7 +163,7 @@ class Agent:
                 self.reload()
             # Withhold the keep-alive when a thread died or sampling wedged (NVML hang), so
             # systemd's watchdog restarts the agent instead of it silently serving stale data.
-            if watchdog_s and self.supervisor.alive() and self._snapshot_fresh():
+            if watchdog_s and self.alive():
                 self.notifier.watchdog()
         return self.shutdown()
 

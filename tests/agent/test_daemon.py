@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,3 +107,35 @@ def test_run_reports_ready_and_watchdog_then_stops_on_sigterm(tmp_path: Path, no
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_alive_turns_false_when_sampling_wedges(make_node, tmp_path: Path) -> None:
+    path = minimal_config(tmp_path, interval_s=0.05)
+    node = make_node("t4")
+    agent = Agent(load_agent_config(path, environ={}), node, config_path=path)
+    agent.start()
+    release = threading.Event()
+    try:
+        assert agent.wait_ready(5)
+        assert agent.ctx.alive is not None
+        assert agent.ctx.alive()
+        # NVML hangs: the sampler's next call never returns, its thread stays alive.
+        real_snapshot = node.snapshot
+        wedged = threading.Event()
+
+        def hang():
+            wedged.set()
+            release.wait(30)
+            return real_snapshot()
+
+        node.snapshot = hang
+        assert wedged.wait(5)
+        latest = agent.ctx.snapshots.latest
+        assert latest is not None
+        # Time passes: the newest snapshot is now 30 s old.
+        agent.ctx.snapshots.publish(dataclasses.replace(latest, timestamp_s=time.time() - 30))
+        assert agent.supervisor.alive()  # every thread still runs...
+        assert not agent.alive()  # ...but the agent is wedged
+    finally:
+        release.set()
+        agent.shutdown()
