@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +46,7 @@ from mig.planner import (
     fragmentation_ratio,
     plan_gpu,
 )
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import GpuInstance, MigGeometry
@@ -198,25 +198,6 @@ def prepare(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False
 
 
 # --- intent file ---------------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def read_intent(state_dir: Path) -> dict[str, Any] | None:
@@ -482,7 +463,7 @@ def execute(
         (state_dir / INTENT_FILE).unlink(missing_ok=True)  # an earlier crash left it converged
         return report
 
-    _write_atomic(state_dir / INTENT_FILE, _intent(prepared, cfg))
+    write_json_atomic(state_dir / INTENT_FILE, _intent(prepared, cfg))
     env = {
         "NODEAGENT_MIG_CONFIG_FILE": cfg.path,
         "NODEAGENT_MIG_CONFIG": prepared.config,

@@ -11,6 +11,7 @@ from pathlib import Path
 from mig.apply import ApplyReport, reconcile
 from mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
 from nodeagent.agent.component import AgentContext
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 
@@ -93,10 +94,7 @@ class MigReconciler:
         self._write_status({"layout": layout, **report.to_dict()})
 
     def _write_status(self, data: dict[str, object]) -> None:
-        path = self._ctx.state_dir / STATUS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str))
-        tmp.replace(path)
+        write_json_atomic(self._ctx.state_dir / STATUS_FILE, data, durable=False)
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile at start, then whenever a reload asks or a failed apply is retried."""

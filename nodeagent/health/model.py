@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.gpu.types import EventKind, GpuEvent, NodeSnapshot
 from nodeagent.health.checks import Observation, SnapshotChecks
@@ -32,7 +33,6 @@ from nodeagent.health.score import (
     StabilityLevel,
     StabilityScore,
     read_json,
-    write_json_atomic,
 )
 from nodeagent.health.source import DeviceHealth, HealthState, HealthTransition
 from nodeagent.health.xids import Action, XidPolicy, strongest

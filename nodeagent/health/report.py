@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.health.model import NodeHealth
-from nodeagent.health.score import read_json, write_json_atomic
+from nodeagent.health.score import read_json
 
 STATUS_VERSION = 1
 HEALTH_DIR = "health"

@@ -17,8 +17,6 @@ from __future__ import annotations
 import enum
 import json
 import math
-import os
-import tempfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,26 +160,6 @@ class StabilityScore:
         self.transitions = deque(
             (float(t) for t in data.get("transitions", [])), maxlen=_MAX_TRANSITIONS
         )
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so a reader sees the old or the new file, never half.
-
-    Written to a temporary file in the same directory, flushed to disk, then renamed over the
-    target (rename is atomic within one filesystem).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> Any | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.sim import presets
 
 STATE_FILE = "state.json"
@@ -150,14 +150,9 @@ class StateStore:
             return result
 
     def _write(self, state: State) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=self.state_dir)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(state, handle, separators=(",", ":"))
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # Not fsynced: the simulated node is rewritten on every change, and losing the last
+        # change to a power cut is harmless; the rename still keeps readers consistent.
+        write_json_atomic(self.path, state, durable=False, compact=True)
         with self._mutex:
             # The next read() re-stats and reloads; drop the cache so it cannot be reused.
             self._cached, self._stamp = None, None

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.health.score import (
     FaultRecord,
     StabilityLevel,
     StabilityScore,
     read_json,
-    write_json_atomic,
 )
 
 HOUR = 3600.0
