@@ -112,4 +112,5 @@ def build_component(ctx: AgentContext) -> DevicePluginComponent | None:
     section = ctx.config.device_plugin
     if not section.enabled:
         return None
-    return DevicePluginComponent(ctx, ctx.kubelet_dir or section.kubelet_dir)
+    # gRPC reads ``unix://relative/path`` as a host name: sockets need an absolute path.
+    return DevicePluginComponent(ctx, section.kubelet_dir.absolute())

@@ -186,9 +186,7 @@ def build_component(ctx: AgentContext) -> Component | None:
     poller = None
     if cfg.pod_attribution:
         poller = PodResourcesPoller(cfg.pod_resources_socket, cfg.pod_resources_interval_s)
-    exporter = MetricsExporter(
-        ctx, address=ctx.metrics_address or cfg.address, tls=tls, poller=poller
-    )
+    exporter = MetricsExporter(ctx, address=cfg.address, tls=tls, poller=poller)
     ctx.node_annotations = exporter.capacity_annotations
     return exporter
 

@@ -57,8 +57,6 @@ class AgentContext:
     snapshots: SnapshotStore = field(default_factory=SnapshotStore)
     health: HealthSource | None = None  # set by the health component when it is enabled
     restarts: dict[str, int] = field(default_factory=dict)  # component name -> restarts
-    kubelet_dir: Path | None = None  # device-plugin directory override (--kubelet-dir)
-    metrics_address: str | None = None  # metrics address override (--metrics-address)
     all_ready: Callable[[], bool] | None = None  # every component ready (set by the agent)
     alive: Callable[[], bool] | None = None  # threads up and sampling not wedged (the agent)
     # What the node should carry besides health flags: capability labels (set by the agent)

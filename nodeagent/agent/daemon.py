@@ -54,8 +54,6 @@ class Agent:
         *,
         config_path: Path | None = None,
         config_overrides: dict[str, Any] | None = None,
-        kubelet_dir: Path | None = None,
-        metrics_address: str | None = None,
         notifier: Notifier | None = None,
     ) -> None:
         self.config_path = config_path
@@ -65,8 +63,6 @@ class Agent:
             config=config,
             node=node,
             state_dir=config.state_dir,
-            kubelet_dir=kubelet_dir,
-            metrics_address=metrics_address,
         )
         # /readyz and READY=1 mean the same thing: every component is up.
         self.ctx.all_ready = lambda: self.ready

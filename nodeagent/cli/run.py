@@ -50,7 +50,13 @@ def run(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Flags are config overrides: they win over env and file, survive SIGHUP reloads, and
+    # show in the effective config the agent logs.
     overrides: dict[str, Any] = {}
+    if kubelet_dir is not None:
+        overrides["device_plugin"] = {"kubelet_dir": str(kubelet_dir)}
+    if metrics_address is not None:
+        overrides["metrics"] = {"address": metrics_address}
     if agent_state_dir is not None:
         overrides["state_dir"] = str(agent_state_dir)
     elif simulate and state_dir is not None:
@@ -69,8 +75,6 @@ def run(
         node,
         config_path=config,
         config_overrides=overrides,
-        kubelet_dir=kubelet_dir,
-        metrics_address=metrics_address,
     )
     try:
         code = agent.serve()

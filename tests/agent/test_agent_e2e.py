@@ -60,8 +60,8 @@ def test_agent_publishes_labels_condition_metrics_and_devices(
         f"version: v1\nstate_dir: {tmp_path / 'state'}\nnode: {{name: {NODE}, pool: infer}}\n"
         "sampler: {interval_s: 0.1}\n"
         "mig: {allow_reset: true}\n"
-        "device_plugin: {mig_strategy: mixed}\n"
-        "metrics: {pod_attribution: false}\n"
+        f"device_plugin: {{mig_strategy: mixed, kubelet_dir: '{kubelet_dir}'}}\n"
+        f"metrics: {{pod_attribution: false, address: '127.0.0.1:{port}'}}\n"
         f"kubernetes: {{enabled: true, api_server: '{api.url}'}}\n"
         "health: {report_interval_s: 0.2}\n"
         "pools:\n  infer: {mig_layout: all-balanced, request_sizes: ['1g.10gb']}\n"
@@ -71,8 +71,6 @@ def test_agent_publishes_labels_condition_metrics_and_devices(
         load_agent_config(config, environ={}),
         node,
         config_path=config,
-        kubelet_dir=kubelet_dir,
-        metrics_address=f"127.0.0.1:{port}",
     )
     kubelet = TestKubelet(kubelet_dir)
     kubelet.start()

@@ -23,7 +23,8 @@ def test_disabled_in_config_builds_nothing(make_node, tmp_path) -> None:
 
 def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_dir) -> None:
     node = make_node("a30x4")
-    ctx = AgentContext(make_config(), node, short_dir / "state", kubelet_dir=short_dir / "kubelet")
+    kubelet_dir = {"device_plugin": {"kubelet_dir": str(short_dir / "kubelet")}}
+    ctx = AgentContext(make_config(kubelet_dir), node, short_dir / "state")
     component = build_component(ctx)
     assert component is not None
     assert component.name == "device-plugin"
@@ -40,7 +41,10 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
         component.reload(
             make_config(
                 {
-                    "device_plugin": {"mig_strategy": "mixed"},
+                    "device_plugin": {
+                        "mig_strategy": "mixed",
+                        "kubelet_dir": str(short_dir / "kubelet"),
+                    },
                     "pools": {"default": {"sharing": {"mode": "time-slicing", "replicas": 2}}},
                 }
             )
@@ -61,10 +65,11 @@ def test_strategy_violation_crashes_when_fail_on_init_error(make_node, short_dir
     node = make_node("a30x4")
     enable_mig(node, {0: ["4g.24gb"]})
     ctx = AgentContext(
-        make_config({"device_plugin": {"mig_strategy": "single"}}),
+        make_config(
+            {"device_plugin": {"mig_strategy": "single", "kubelet_dir": str(short_dir / "kubelet")}}
+        ),
         node,
         short_dir,
-        kubelet_dir=short_dir / "kubelet",
     )
     ctx.snapshots.publish(node.snapshot())
     component = build_component(ctx)

@@ -203,10 +203,8 @@ def test_component_renders_each_snapshot_once_and_serves_it(
     make_node: Callable[..., GpuNode], sim_state_dir: Path, tmp_path: Path
 ) -> None:
     node = make_node("dgx-h100")
-    config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:9", pod_attribution=False))
-    ctx = AgentContext(
-        config=config, node=node, state_dir=tmp_path, metrics_address="127.0.0.1:0"
-    )  # the CLI override wins
+    config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:0", pod_attribution=False))
+    ctx = AgentContext(config=config, node=node, state_dir=tmp_path)
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
     sampler = Sampler(node, ctx.snapshots, 1.0)
