@@ -23,18 +23,23 @@ It is faithful where nodeagent's code depends on the API server's behaviour:
 
 Tests reach the store directly through :meth:`KubeAPIServer.put` / :meth:`get` /
 :meth:`patch_direct` (no HTTP) and inspect :attr:`KubeAPIServer.requests`, a log of every HTTP
-request with its body. Run ``python -m tests.support.kubeapi --nodes 5000 --pods 50000`` to
-serve a populated cluster in its own process (the tiering benchmark does).
+request with its body; :meth:`KubeAPIServer.wait_for` blocks until a predicate over the
+stand-in holds. ``stop()`` then ``start()`` is an outage: open connections are cut, the store is
+kept, and the server comes back on the same port. Run
+``python -m tests.support.kubeapi --nodes 5000 --pods 50000`` to serve a populated cluster in its
+own process (the tiering benchmark does).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import copy
 import json
 import math
 import re
+import socket
 import threading
 import time
 import uuid
@@ -124,6 +129,7 @@ class RequestRecord:
     content_type: str
     body: Any
     status: int
+    received_s: float = 0.0  # time.perf_counter() when the request arrived (for latency)
 
 
 @dataclass
@@ -347,31 +353,46 @@ def json_patch(target: JSON, ops: list[JSON]) -> JSON:
 # --- the server -------------------------------------------------------------------------------
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A connection cut by stop() (or by a client giving up) is expected, not worth a trace.
+        pass
+
+
 class KubeAPIServer:
     """The stand-in: a threaded HTTP server over an in-memory object store."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, history_limit: int = 200_000):
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()  # an RLock inside: wait_for predicates may re-enter
         self._store = _Store()
         self._history_limit = history_limit
         self._record = True
         self.requests: list[RequestRecord] = []
         self._closing = False
-        server = ThreadingHTTPServer((host, port), _make_handler(self))
-        server.daemon_threads = True
-        self._server = server
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        self._server: _HTTPServer | None = _HTTPServer((host, port), _make_handler(self))
+        # The bound address (the real port when 0 was asked for), kept so a restart reuses it.
+        bound_host, bound_port = self._server.server_address[:2]
+        self._address = (str(bound_host), int(bound_port))
         self._thread: threading.Thread | None = None
 
     # lifecycle
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:41234``."""
-        host, port = self._server.server_address[:2]
+        """Base URL, e.g. ``http://127.0.0.1:41234`` (the same across a stop and start)."""
+        host, port = self._address
         return f"http://{host!s}:{port}"
 
     def start(self) -> KubeAPIServer:
-        """Serve on a background thread."""
+        """Serve on a background thread; after :meth:`stop`, serve again on the same port."""
+        if self._server is None:
+            self._server = _HTTPServer(self._address, _make_handler(self))
+        with self._lock:
+            self._closing = False
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="kubeapi", daemon=True
         )
@@ -379,12 +400,24 @@ class KubeAPIServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and end every open watch."""
+        """Stop serving, end every open watch and cut every open connection; keep the store.
+
+        Cutting keep-alive connections is what makes this an outage: otherwise a client's pooled
+        connection would still be served by its handler thread after the listener closed.
+        """
         with self._lock:
             self._closing = True
             self._lock.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):  # already closed by its handler
+                conn.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> KubeAPIServer:
         return self.start()
@@ -446,6 +479,26 @@ class KubeAPIServer:
         """Logged requests with this method whose path matches the regular expression."""
         pattern = re.compile(path_re)
         return [r for r in self.requests if r.method == method and pattern.search(r.path)]
+
+    def node_condition(self, node: str, condition_type: str) -> JSON | None:
+        """A copy of the node's status condition of this type, or ``None`` (no node or none)."""
+        with self._lock:
+            obj = self._store.objects["nodes"].get(("", node))
+            for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+                if cond.get("type") == condition_type:
+                    return copy.deepcopy(dict(cond))
+        return None
+
+    def wait_for(
+        self, predicate: Callable[[KubeAPIServer], object], timeout_s: float = 5.0
+    ) -> bool:
+        """Block until ``predicate(self)`` is true; ``False`` when ``timeout_s`` passes first.
+
+        The predicate is checked now and again after every stored change and every logged
+        request (so predicates over :attr:`requests` need the request log on).
+        """
+        with self._lock:
+            return bool(self._lock.wait_for(lambda: predicate(self), timeout_s))
 
     # store internals (call with the lock held)
 
@@ -821,7 +874,18 @@ def _make_handler(api: KubeAPIServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def setup(self) -> None:
+            super().setup()
+            with api._connections_lock:
+                api._connections.add(self.connection)
+
+        def finish(self) -> None:
+            with api._connections_lock:
+                api._connections.discard(self.connection)
+            super().finish()
+
         def _serve(self, method: str) -> None:
+            received = time.perf_counter()
             parts = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
             length = int(self.headers.get("Content-Length") or 0)
@@ -839,7 +903,10 @@ def _make_handler(api: KubeAPIServer) -> type[BaseHTTPRequestHandler]:
                 status, result = 400, ApiError(400, "BadRequest", str(exc)).status()
             # Log before answering, so a client that got its answer finds its request logged.
             if api._record:
-                api.requests.append(RequestRecord(method, parts.path, query, ctype, body, status))
+                record = RequestRecord(method, parts.path, query, ctype, body, status, received)
+                with api._lock:
+                    api.requests.append(record)
+                    api._lock.notify_all()  # wake wait_for() callers
             if isinstance(result, dict):
                 self._send_json(status, result)
             else:
