@@ -20,7 +20,7 @@ from nodeagent.config.schema import AgentConfig, NodeSection
 from nodeagent.gpu.node import GpuNode, open_node
 from nodeagent.health.component import HealthComponent, build_component
 from nodeagent.health.model import HealthModel
-from tests.health.apiserver import FakeApiServer
+from tests.support.kubeapi import KubeAPIServer, make_node
 
 NODE = "bench-node"
 PRESET = "dgx-h100"
@@ -34,7 +34,7 @@ class Agent:
     ctx: AgentContext
     model: HealthModel
     component: HealthComponent
-    api: FakeApiServer
+    api: KubeAPIServer
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -48,7 +48,8 @@ class Agent:
 
 def start_agent(tmp: Path, health: HealthSection, sample_interval_s: float = 1.0) -> Agent:
     """Sampler and health component on threads, flagging a stand-in API server."""
-    api = FakeApiServer(NODE).start()
+    api = KubeAPIServer().start()
+    api.put("nodes", make_node(NODE, {"kubernetes.io/hostname": NODE}, gpu_healthy=None))
     node = open_node(simulate=PRESET, state_dir=tmp / "sim")
     cfg = AgentConfig(
         node=NodeSection(name=NODE),
@@ -66,9 +67,15 @@ def start_agent(tmp: Path, health: HealthSection, sample_interval_s: float = 1.0
         t = threading.Thread(target=target, args=(agent.stop,), daemon=True)
         t.start()
         agent.threads.append(t)
-    if not api.wait_for(lambda s: s.condition() is not None, timeout_s=10):
+    if not api.wait_for(lambda s: condition_status(s) is not None, timeout_s=10):
         raise SystemExit("the agent never patched the stand-in API server")
     return agent
+
+
+def condition_status(api: KubeAPIServer) -> str | None:
+    """The bench node's ``GPUHealthy`` status, ``None`` before the agent set it."""
+    cond = api.node_condition(NODE, "GPUHealthy")
+    return None if cond is None else str(cond["status"])
 
 
 def p99(values: list[float]) -> float:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from health_common import Agent, p99, print_table, row, start_agent
+from health_common import NODE, Agent, condition_status, p99, print_table, row, start_agent
 
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
@@ -59,7 +59,7 @@ def baseline_patch(agent: Agent, rounds: int) -> list[float]:
     out = []
     for i in range(rounds):
         t0 = time.perf_counter()
-        api.patch_node(agent.api.node_name, {"metadata": {"annotations": {"bench": str(i)}}},
+        api.patch_node(NODE, {"metadata": {"annotations": {"bench": str(i)}}},
                        _content_type=STRATEGIC)  # fmt: skip
         out.append(time.perf_counter() - t0)
     return out
@@ -110,13 +110,13 @@ def main() -> None:
                 if not agent.api.wait_for(patched, timeout_s=5):
                     raise SystemExit(f"round {i}: no condition patch within 5 s")
                 first = next(r for r in agent.api.requests[seen:] if _is_false_status(r))
-                legs["xid -> node condition patch"].append(first.time_s - t0)
+                legs["xid -> node condition patch"].append(first.received_s - t0)
                 for leg in extra:
                     leg(t0, gpu)
                 # Let the GPU recover and the condition return to True.
                 time.sleep(max(0.0, HOLD_S - (time.perf_counter() - t0)) + 0.01)
                 agent.model.tick()
-                if not agent.api.wait_for(lambda s: (s.condition() or {}).get("status") == "True"):
+                if not agent.api.wait_for(lambda s: condition_status(s) == "True"):
                     raise SystemExit(f"round {i}: the node never recovered")
             base_event = baseline_event(agent, control, 30)
             base_patch = baseline_patch(agent, 30)

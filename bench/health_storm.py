@@ -92,7 +92,7 @@ def main() -> None:
             got: Counter[tuple[int, int]] = Counter(
                 {(index[u], code): n for (u, code), n in health.xids_total.items()}
             )
-            patches = len(agent.api.patches())
+            patches = len(agent.api.requests_matching("PATCH", ""))
         finally:
             agent.close()
     mib = 1024 * 1024

@@ -21,16 +21,23 @@ from nodeagent.health.component import build_component
 from nodeagent.health.model import HealthModel
 from nodeagent.health.source import HealthState, HealthTransition
 from nodeagent.sim.control import SimControl
-from tests.health.apiserver import FakeApiServer
+from tests.support.kubeapi import KubeAPIServer, make_node
 
 NODE = "gpu-node-1"
 
 
 @pytest.fixture
-def api_server() -> Iterator[FakeApiServer]:
-    server = FakeApiServer(NODE).start()
+def api_server() -> Iterator[KubeAPIServer]:
+    server = KubeAPIServer().start()
+    server.put("nodes", make_node(NODE, {"kubernetes.io/hostname": NODE}, gpu_healthy=None))
     yield server
     server.stop()
+
+
+def gpu_condition_status(server: KubeAPIServer) -> str | None:
+    """The node's ``GPUHealthy`` status ("True"/"False"), ``None`` before the agent set it."""
+    cond = server.node_condition(NODE, "GPUHealthy")
+    return None if cond is None else str(cond["status"])
 
 
 def _config(tmp_path: Path, api_url: str | None, **health: object) -> AgentConfig:
@@ -52,7 +59,7 @@ def test_disabled_health_builds_nothing(make_node: Callable[..., GpuNode], tmp_p
 def test_agent_flags_an_injected_xid(
     make_node: Callable[..., GpuNode],
     sim_state_dir: Path,
-    api_server: FakeApiServer,
+    api_server: KubeAPIServer,
     tmp_path: Path,
 ) -> None:
     node = make_node("dgx-h100")
@@ -73,12 +80,18 @@ def test_agent_flags_an_injected_xid(
     for t in threads:
         t.start()
     try:
-        assert api_server.wait_for(lambda s: s.condition() is not None)
+        assert api_server.wait_for(lambda s: gpu_condition_status(s) == "True")
         assert component.ready
         SimControl(sim_state_dir).inject("xid", 6, code=62)
-        assert api_server.wait_for(
-            lambda s: (s.condition() or {}).get("status") == "False", timeout_s=5.0
-        )
+        assert api_server.wait_for(lambda s: gpu_condition_status(s) == "False", timeout_s=5.0)
+        cond = api_server.node_condition(NODE, "GPUHealthy")
+        assert cond is not None
+        assert "gpu6" in cond["message"]
+        # Flagged through the status subresource, as a strategic merge patch.
+        assert api_server.requests_matching("PATCH", rf"^/api/v1/nodes/{NODE}/status$")
+        assert {r.content_type for r in api_server.requests_matching("PATCH", "")} == {
+            "application/strategic-merge-patch+json"
+        }
         assert [t.current.gpu_index for t in seen] == [6]
         assert seen[0].current.state is HealthState.UNHEALTHY
         # `nodeagent health` reads what the running agent wrote.
