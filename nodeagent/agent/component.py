@@ -63,3 +63,7 @@ class AgentContext:
     # and capacity annotations (set by the exporter). The health reporter publishes both.
     node_labels: Callable[[], Mapping[str, str]] | None = None
     node_annotations: Callable[[], Mapping[str, str]] | None = None
+    # What the device plugin serves to the kubelet now: resource name -> {device ID: healthy}
+    # (replica IDs counted, as the kubelet counts them). Set by the device plugin; the exporter
+    # renders advertised capacity from it, so it shows even with no kubelet to ask.
+    advertised: Callable[[], Mapping[str, Mapping[str, bool]]] | None = None

@@ -55,12 +55,27 @@ class Supervisor:
 
     def _loop(self, component: Component) -> None:
         backoff = INITIAL_BACKOFF_S
+        last_error: str | None = None
         while not self.stop_event.is_set():
             started = time.monotonic()
             try:
                 component.run(self.stop_event)
-            except Exception:
-                log.exception("component %s crashed; restarting in %.1fs", component.name, backoff)
+            except Exception as exc:
+                # The first crash of a kind gets its traceback; the same error again (a port
+                # that stays taken, say) is one line per restart, so the log stays readable.
+                summary = f"{type(exc).__name__}: {exc}"
+                if summary != last_error:
+                    log.exception(
+                        "component %s crashed; restarting in %.1fs", component.name, backoff
+                    )
+                else:
+                    log.error(
+                        "component %s crashed again (%s); restarting in %.1fs",
+                        component.name,
+                        summary,
+                        backoff,
+                    )
+                last_error = summary
                 self.restarts[component.name] = self.restarts.get(component.name, 0) + 1
                 if time.monotonic() - started > HEALTHY_RUN_S:
                     backoff = INITIAL_BACKOFF_S

@@ -7,6 +7,7 @@ of cause and one line of hint on stderr, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -49,6 +50,14 @@ def fail(cause: str, hint: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
+def fail_config(exc: Exception) -> NoReturn:
+    """Exit 2 listing every problem of a config error (one ``error:`` line each) and a hint."""
+    for line in str(exc).splitlines():
+        sys.stderr.write(f"error: {line}\n")
+    sys.stderr.write("hint: fix the file; `docs/config.md` lists every field and its default\n")
+    raise typer.Exit(EXIT_USAGE)
+
+
 def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
     """Open the node's GPUs or exit 2 with the cause and the ``--simulate`` hint."""
     try:
@@ -56,8 +65,11 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
     except DriverNotLoaded as exc:
         # The message already names the fix (--simulate and the presets): one line is enough.
         fail(str(exc), "")
-    except (GpuError, ValueError) as exc:
-        fail(str(exc), "check --simulate/--state-dir, or the NVIDIA driver with `nvidia-smi`")
+    except ValueError as exc:  # a bad --simulate/--state-dir; the message names the choices
+        fail(str(exc), "")
+    except GpuError as exc:
+        simulated = simulate or os.environ.get("NODEAGENT_SIMULATE")
+        fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")
 
 
 def emit_json(data: Any) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import typer
+
 from nodeagent.cli.common import (
+    EXIT_DRIFT,
     JsonOption,
     SimulateOption,
     StateDirOption,
@@ -13,6 +16,7 @@ from nodeagent.cli.common import (
     open_node_or_exit,
     print_table,
 )
+from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.types import GpuInfo, Link
 
 GIB = 1024**3
@@ -22,6 +26,7 @@ def gpu_to_json(info: GpuInfo) -> dict[str, Any]:
     """The documented JSON shape of one GPU (docs/cli.md)."""
     return {
         "index": info.index,
+        "lost": False,
         "uuid": info.uuid,
         "name": info.name,
         "serial": info.serial,
@@ -53,27 +58,53 @@ def gpus(
 ) -> None:
     """List the node's GPUs: model, memory, PCI and NUMA placement, driver, MIG mode."""
     node = open_node_or_exit(simulate, state_dir)
+    gpus: list[GpuInfo | tuple[int, str]] = []  # info, or (index, error) for a lost GPU
     try:
-        inventory = node.inventory()
+        for index in range(node.count()):
+            try:
+                gpus.append(node.info(index))
+            except GpuLost as exc:
+                # A GPU that fell off the bus still counts: show it, don't hide it.
+                gpus.append((index, str(exc)))
     finally:
         node.close()
     if as_json:
-        emit_json([gpu_to_json(info) for info in inventory])
-        return
-    rows = [
-        [
-            str(info.index),
-            info.name,
-            f"{info.memory_total_bytes / GIB:.1f} GiB",
-            info.pci_bus_id,
-            "-" if info.numa_node is None else str(info.numa_node),
-            info.driver_version,
-            _mig_cell(info),
-            info.uuid,
+        emit_json(
+            [
+                gpu_to_json(g)
+                if isinstance(g, GpuInfo)
+                else {"index": g[0], "lost": True, "error": g[1]}
+                for g in gpus
+            ]
+        )
+    else:
+        rows = [
+            [
+                str(g.index),
+                g.name,
+                f"{g.memory_total_bytes / GIB:.1f} GiB",
+                g.pci_bus_id,
+                "-" if g.numa_node is None else str(g.numa_node),
+                g.driver_version,
+                _mig_cell(g),
+                g.uuid,
+            ]
+            if isinstance(g, GpuInfo)
+            else [
+                str(g[0]),
+                "LOST (GPU is lost: fallen off the bus?)",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+            ]
+            for g in gpus
         ]
-        for info in inventory
-    ]
-    print_table(["GPU", "NAME", "MEMORY", "PCI BUS", "NUMA", "DRIVER", "MIG", "UUID"], rows)
+        print_table(["GPU", "NAME", "MEMORY", "PCI BUS", "NUMA", "DRIVER", "MIG", "UUID"], rows)
+    if any(not isinstance(g, GpuInfo) for g in gpus):
+        raise typer.Exit(EXIT_DRIFT)
 
 
 def topology_to_json(count: int, links: dict[tuple[int, int], Link]) -> dict[str, Any]:
@@ -111,10 +142,15 @@ def topo(
     headers = [""] + [f"GPU{j}" for j in range(count)] + ["NUMA"]
     rows = []
     for i in range(count):
-        cells = ["X" if i == j else links[(i, j)].label for j in range(count)]
+        # A lost GPU has no links to show: "?" rather than a guess.
+        cells = [
+            "X" if i == j else (links[(i, j)].label if (i, j) in links else "?")
+            for j in range(count)
+        ]
         rows.append([f"GPU{i}", *cells, "-" if numa.get(i) is None else str(numa[i])])
     print_table(headers, rows)
     sys.stdout.write(
-        "\nLegend: X = self, NV# = # NVLinks, PIX = one PCIe bridge, PXB = several PCIe bridges,\n"
-        "PHB = PCIe host bridge, NODE = host bridges within a NUMA node, SYS = across NUMA nodes\n"
+        "\nLegend: X = self, ? = unknown (GPU lost), NV# = # NVLinks, PIX = one PCIe bridge,\n"
+        "PXB = several PCIe bridges, PHB = PCIe host bridge, NODE = host bridges within a NUMA\n"
+        "node, SYS = across NUMA nodes\n"
     )

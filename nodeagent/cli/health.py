@@ -24,6 +24,7 @@ from nodeagent.cli.common import (
     StateDirOption,
     emit_json,
     fail,
+    fail_config,
     open_node_or_exit,
     print_table,
 )
@@ -95,7 +96,7 @@ def _load_config(config: Path | None) -> Any:
     try:
         return load_agent_config(config)
     except (ConfigError, ValueError) as exc:
-        fail(str(exc).splitlines()[0], "fix the config file; `docs/config.md` lists every field")
+        fail_config(exc)
 
 
 def _print(data: dict[str, Any]) -> None:

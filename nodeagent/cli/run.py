@@ -10,8 +10,15 @@ from typing import Annotated, Any
 import typer
 
 from nodeagent.agent.daemon import Agent
-from nodeagent.cli.common import SimulateOption, StateDirOption, fail, open_node_or_exit
+from nodeagent.cli.common import (
+    SimulateOption,
+    StateDirOption,
+    fail,
+    fail_config,
+    open_node_or_exit,
+)
 from nodeagent.config.loader import ConfigError
+from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import load_agent_config
 
 
@@ -56,6 +63,10 @@ def run(
     if kubelet_dir is not None:
         overrides["device_plugin"] = {"kubelet_dir": str(kubelet_dir)}
     if metrics_address is not None:
+        try:
+            MetricsSection(address=metrics_address)  # validates HOST:PORT
+        except ValueError as exc:
+            fail(f"--metrics-address: {exc}", "")
         overrides["metrics"] = {"address": metrics_address}
     if agent_state_dir is not None:
         overrides["state_dir"] = str(agent_state_dir)
@@ -66,9 +77,7 @@ def run(
     try:
         agent_config = load_agent_config(config, overrides=overrides)
     except (ConfigError, ValueError) as exc:
-        first, _, rest = str(exc).partition("\n")
-        more = f" (and {rest.count(chr(10)) + 1} more problems)" if rest else ""
-        fail(f"{first}{more}", "fix the config file; `docs/config.md` lists every field")
+        fail_config(exc)
     node = open_node_or_exit(simulate, state_dir)
     agent = Agent(
         agent_config,

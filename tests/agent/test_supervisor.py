@@ -62,3 +62,18 @@ def test_a_component_that_ignores_stop_is_reported() -> None:
     supervisor.start(Stubborn())
     assert supervisor.stop(timeout_s=0.1) == ["stubborn"]
     release.set()
+
+
+def test_a_recurring_crash_is_logged_with_its_traceback_once(caplog) -> None:
+    restarts: dict[str, int] = {}
+    supervisor = Supervisor(restarts, sleep=lambda stop, s: stop.is_set())
+    component = Flaky(crashes=4)
+    with caplog.at_level("ERROR"):
+        supervisor.start(component)
+        assert component.running.wait(5)
+        supervisor.stop(timeout_s=2)
+    crashes = [r for r in caplog.records if "crashed" in r.getMessage()]
+    assert len(crashes) == 4
+    assert crashes[0].exc_info is not None  # the first one explains itself
+    assert all(r.exc_info is None for r in crashes[1:])  # the rest are one line each
+    assert "RuntimeError: boom" in crashes[1].getMessage()
