@@ -125,7 +125,10 @@ CELL = 9  # characters per memory slice in a slice map
 def slice_map(memory_slices: int, items: list[tuple[str, int, int, bool]]) -> list[str]:
     """Two lines: slice numbers, then instances drawn over the slices they occupy.
 
-    ``items`` are (profile, start, size, busy); busy instances are marked with ``*``.
+    ``items`` are (profile, start, size, busy). An idle instance is drawn ``[--name--]``, a
+    busy one ``*--name--*``: the marker takes the place of the brackets rather than a character
+    of the label, so it shows on every size, including a one-slice cell whose name already
+    fills the space between the brackets.
     """
     header = "".join(f"{i:<{CELL}}" for i in range(memory_slices)).rstrip()
     row = []
@@ -135,8 +138,8 @@ def slice_map(memory_slices: int, items: list[tuple[str, int, int, bool]]) -> li
             row.append(f"{'.':<{CELL}}")
             slot += 1
         width = size * CELL
-        label = (name + ("*" if busy else ""))[: width - 2]
-        row.append("[" + label.center(width - 2, "-") + "]")
+        left, right = ("*", "*") if busy else ("[", "]")
+        row.append(left + name[: width - 2].center(width - 2, "-") + right)
         slot = start + size
     while slot < memory_slices:
         row.append(f"{'.':<{CELL}}")
@@ -443,7 +446,7 @@ def show(
         sys.stdout.write(f"  still fits:  {', '.join(fits) or 'nothing'}\n")
         sys.stdout.write(
             f"  fragmentation: {v['fragmentation_ratio']:.2f}"
-            + ("   (* = busy)" if any(i[3] for i in items) else "")
+            + ("   (*...* = busy)" if any(i[3] for i in items) else "")
             + "\n\n"
         )
 
