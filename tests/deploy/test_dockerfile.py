@@ -71,6 +71,13 @@ def test_installs_with_the_tested_command() -> None:
     # extras), so the package the tests exercised is the package in the image.
     runs = " ".join(a for w, a in instructions() if w == "RUN")
     assert re.search(r"pip install --no-cache-dir \.(\s|$)", runs)
+    # ...and the README's install command is that very step.
+    readme = (REPO / "README.md").read_text()
+    command = re.search(r"python3 -m venv (\S+) && (\S+)/bin/pip install --no-cache-dir \.", readme)
+    assert command is not None, "README lost its install command"
+    venv = command.group(1)
+    assert f"-m venv {venv}" in runs
+    assert f"{venv}/bin/pip install --no-cache-dir ." in runs
     copied = " ".join(a for w, a in instructions() if w == "COPY")
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
         "packages"
