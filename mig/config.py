@@ -337,7 +337,9 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
     Raises:
         MigConfigError: every problem at once: unknown layout name, indices the node lacks,
             profiles the GPU model does not offer, counts beyond capacity, layouts with no
-            valid placement, GPUs selected twice, and a layout that selects no GPU.
+            valid placement, GPUs selected twice, and a layout none of whose entries
+            selects a MIG-capable GPU. An entry that selects no GPU beside entries that do
+            is not an error (shared files hold one entry per GPU model).
     """
     if name not in cfg.configs:
         names = ", ".join(sorted(cfg.configs)) or "none"
@@ -396,7 +398,12 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
                 targets[i] = GpuTarget(i, True, dict(spec.mig_devices))
             elif not spec.mig_enabled:
                 targets[i] = GpuTarget(i, False, {})
-    if not owner and not grouped and not plain:
+    # An entry whose selector matches no GPU here is normal beside entries that do match:
+    # mig-parted's shared files give each GPU model its own entry under one layout name, and
+    # every node skips the entries for the models it lacks. A layout none of whose entries
+    # selects a GPU is an error, reported even beside other problems (an index the node lacks
+    # does not explain a filter that matches nothing), so one run names every problem.
+    if not owner and not grouped:
         plain.append(
             Problem(
                 cfg.path,

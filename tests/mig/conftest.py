@@ -128,6 +128,11 @@ def a100() -> MigGeometry:
 
 
 @pytest.fixture
+def h100() -> MigGeometry:
+    return TABLE_GEOMETRIES["h100-80"]
+
+
+@pytest.fixture
 def sim_state(tmp_path: Path) -> Callable[[], Path]:
     """A fresh simulator state directory per test."""
     return lambda: tmp_path / "sim"

@@ -47,7 +47,7 @@ def test_default_file_resolves_on_every_model(geometry: MigGeometry) -> None:
         assert all(t.mig_enabled == (name != "all-disabled") for t in targets.values())
 
 
-def test_mig_parted_file_is_accepted_unchanged(a100) -> None:
+def test_mig_parted_file_is_accepted_unchanged(a100: MigGeometry) -> None:
     cfg = parse(
         """
         version: v1
@@ -143,7 +143,7 @@ mig-configs:
 """
 
 
-def test_semantic_errors_all_at_once(a100) -> None:
+def test_semantic_errors_all_at_once(a100: MigGeometry) -> None:
     cfg = parse(BAD_LAYOUTS)
     with pytest.raises(MigConfigError) as err:
         resolve(cfg, "bad", node_of(a100, 4))
@@ -170,13 +170,13 @@ def test_semantic_errors_all_at_once(a100) -> None:
     assert len(text) == 5
 
 
-def test_unknown_layout_name_lists_names(a100) -> None:
+def test_unknown_layout_name_lists_names(a100: MigGeometry) -> None:
     cfg = parse(BAD_LAYOUTS)
     with pytest.raises(MigConfigError, match=r"no layout named 'good' \(the file has: bad\)"):
         resolve(cfg, "good", node_of(a100))
 
 
-def test_selector_matching_no_gpu(a100) -> None:
+def test_selector_matching_no_gpu(a100: MigGeometry) -> None:
     cfg = parse(
         """
         version: v1
@@ -194,13 +194,107 @@ def test_selector_matching_no_gpu(a100) -> None:
         resolve(cfg, "h100-only", node_of(a100))
 
 
-def test_non_mig_gpus_are_skipped_under_all(a100) -> None:
+# Selectors in a layout with per-model entries, resolved on an 8-GPU H100 node (the review's
+# case: an A100 entry beside an H100 entry, as in mig-parted's shared files).
+A100_ENTRY = """
+    - device-filter: ["0x20B010DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}"""
+H100_ENTRY = """
+    - device-filter: ["0x233010DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}"""
+A30_ENTRY = """
+    - device-filter: "0x20B710DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.6gb": 4}"""
+INDEX_9 = """
+    - devices: [9]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}"""
+A100_INDEX_9 = """
+    - device-filter: ["0x20B010DE"]
+      devices: [9]
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}"""
+
+
+@pytest.mark.parametrize(
+    ("entries", "selected", "errors"),
+    [
+        pytest.param([A100_ENTRY, H100_ENTRY], 8, [], id="other-model-entry-beside-match"),
+        pytest.param([H100_ENTRY, A100_ENTRY], 8, [], id="match-listed-first"),
+        pytest.param(
+            [A100_ENTRY, A30_ENTRY],
+            0,
+            ["layouts.yaml:3: mig-configs.shared: selects no MIG-capable GPU on this node"],
+            id="no-entry-matches",
+        ),
+        pytest.param(
+            [H100_ENTRY, INDEX_9],
+            0,
+            ["layouts.yaml:8: mig-configs.shared[1].devices: no GPU 9 on this node"],
+            id="index-out-of-range-beside-match",
+        ),
+        pytest.param(
+            [H100_ENTRY, A100_INDEX_9],
+            0,
+            ["layouts.yaml:9: mig-configs.shared[1].devices: no GPU 9 on this node"],
+            id="index-out-of-range-in-other-model-entry",
+        ),
+        pytest.param(
+            [A100_ENTRY, INDEX_9],
+            0,
+            [
+                "layouts.yaml:3: mig-configs.shared: selects no MIG-capable GPU on this node",
+                "layouts.yaml:8: mig-configs.shared[1].devices: no GPU 9 on this node",
+            ],
+            id="index-out-of-range-and-nothing-selected",
+        ),
+    ],
+)
+def test_selectors_in_per_model_layouts(
+    h100: MigGeometry, entries: list[str], selected: int, errors: list[str]
+) -> None:
+    """A filter for a model the node lacks is fine beside an entry that selects its GPUs;
+    a layout that selects nothing here, or names an index the node lacks, is an error."""
+    cfg = parse("version: v1\nmig-configs:\n  shared:" + "".join(entries) + "\n")
+    if not errors:
+        targets = resolve(cfg, "shared", node_of(h100))
+        assert sorted(targets) == list(range(selected))
+        assert all(t.devices == {"1g.10gb": 7} for t in targets.values())
+        return
+    with pytest.raises(MigConfigError) as err:
+        resolve(cfg, "shared", node_of(h100))
+    text = [str(p) for p in err.value.problems]
+    assert len(text) == len(errors), text
+    for got, want in zip(text, errors, strict=True):
+        assert got.startswith(want), text
+
+
+@pytest.mark.parametrize(
+    ("model", "want"), [pytest.param("a100", 4, id="a100-40"), pytest.param("h100", 7, id="h100")]
+)
+def test_shipped_per_model_layout_resolves_on_each_model(
+    request: pytest.FixtureRequest, model: str, want: int
+) -> None:
+    """`all-1g.10gb` holds entries for A100-40GB, A100-80GB and H100: each node takes its own."""
+    geometry: MigGeometry = request.getfixturevalue(model)
+    targets = resolve(load_config(DEFAULT_CONFIG_FILE), "all-1g.10gb", node_of(geometry))
+    assert sorted(targets) == list(range(8))
+    assert all(t.devices == {"1g.10gb": want} for t in targets.values())
+
+
+def test_non_mig_gpus_are_skipped_under_all(a100: MigGeometry) -> None:
     gpus = [*node_of(a100, 1), GpuFacts(1, "NVIDIA T4", 0x1EB810DE, None)]
     cfg = load_config(DEFAULT_CONFIG_FILE)
     assert list(resolve(cfg, "all-1g", gpus)) == [0]
 
 
-def test_render_round_trips(a100) -> None:
+def test_render_round_trips(a100: MigGeometry) -> None:
     targets = [
         GpuTarget(0, True, {"3g.20gb": 1, "1g.5gb": 2}),
         GpuTarget(1, False, {}),

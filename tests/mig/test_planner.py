@@ -137,7 +137,7 @@ def inst(name: str, start: int, size: int, busy: bool = False) -> Instance:
         ),
     ],
 )
-def test_minimal_disruption(a100, current, desired, keep, destroy) -> None:
+def test_minimal_disruption(a100: MigGeometry, current, desired, keep, destroy) -> None:
     plan = plan_gpu(a100, current, desired)
     assert sorted(i.label for i in plan.keep) == sorted(keep)
     assert sorted(i.label for i in plan.destroy) == sorted(destroy)
@@ -146,7 +146,7 @@ def test_minimal_disruption(a100, current, desired, keep, destroy) -> None:
     assert Counter(n for n, _ in after) == Counter(desired)
 
 
-def test_busy_instance_blocks_unless_forced(a100) -> None:
+def test_busy_instance_blocks_unless_forced(a100: MigGeometry) -> None:
     current = [inst("1g.5gb", 0, 1, busy=True)]
     with pytest.raises(BlockedByBusyError) as err:
         plan_gpu(a100, current, {"7g.40gb": 1})
@@ -156,12 +156,12 @@ def test_busy_instance_blocks_unless_forced(a100) -> None:
     assert [d.label for d in plan.destroy] == ["1g.5gb@0:1"]
 
 
-def test_busy_instance_of_unwanted_profile_blocks(a100) -> None:
+def test_busy_instance_of_unwanted_profile_blocks(a100: MigGeometry) -> None:
     with pytest.raises(BlockedByBusyError):
         plan_gpu(a100, [inst("2g.10gb", 0, 2, busy=True)], {"1g.5gb": 1})
 
 
-def test_min_destroys_even_with_force(a100) -> None:
+def test_min_destroys_even_with_force(a100: MigGeometry) -> None:
     """Forcing allows busy destroys but still prefers plans that need none."""
     current = [inst("3g.20gb", 0, 4, busy=True), inst("1g.5gb", 4, 1)]
     plan = plan_gpu(a100, current, {"3g.20gb": 1, "2g.10gb": 1}, force=True)
@@ -180,13 +180,13 @@ def test_min_destroys_even_with_force(a100) -> None:
         pytest.param({"5g.99gb": 1}, "offers no profile '5g.99gb'", id="unknown-profile"),
     ],
 )
-def test_infeasible_reasons(a100, desired, fragment) -> None:
+def test_infeasible_reasons(a100: MigGeometry, desired, fragment) -> None:
     reason = check_layout(a100, desired)
     assert reason is not None
     assert fragment in reason
 
 
-def test_fragmentation_aware_placement(a100) -> None:
+def test_fragmentation_aware_placement(a100: MigGeometry) -> None:
     """One 1g on an empty A100 goes to slice 6: it keeps 4g@0, 3g@0 and all three 2g slots."""
     plan = plan_gpu(a100, [], {"1g.5gb": 1})
     assert [c.label for c in plan.create] == ["1g.5gb@6:1"]
@@ -217,12 +217,12 @@ def test_deterministic(geometry: MigGeometry) -> None:
         ),
     ],
 )
-def test_fragmentation_ratio(a100, layout, expected) -> None:
+def test_fragmentation_ratio(a100: MigGeometry, layout, expected) -> None:
     instances = [inst(n, s, z) for n, s, z in layout]
     assert fragmentation_ratio(a100, instances) == pytest.approx(expected)
 
 
-def test_creatable_counts(a100) -> None:
+def test_creatable_counts(a100: MigGeometry) -> None:
     got = creatable(a100, [inst("3g.20gb", 4, 4)])
     assert got == {
         "7g.40gb": 0,
@@ -235,14 +235,14 @@ def test_creatable_counts(a100) -> None:
     }
 
 
-def test_place_one_prefers_capacity(a100) -> None:
+def test_place_one_prefers_capacity(a100: MigGeometry) -> None:
     where = place_one(a100, [inst("1g.5gb", 6, 1)], "1g.5gb")
     assert where is not None
     assert where[0] == Placement(4, 1)
     assert place_one(a100, [inst("7g.40gb", 0, 8)], "1g.5gb") is None
 
 
-def test_planning_eight_gpus_is_fast(a100) -> None:
+def test_planning_eight_gpus_is_fast(a100: MigGeometry) -> None:
     current = [inst("1g.5gb", s, 1, busy=s % 2 == 0) for s in range(7)]
     desired = {"1g.5gb": 4, "1g.10gb": 1}
     samples = []
