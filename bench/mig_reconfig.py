@@ -4,9 +4,15 @@
 
 For every ordered pair of layouts (the standard ones plus mixed ones) on each MIG model, the
 start layout is placed by the planner, a seeded ~30% of its instances are marked busy, and the
-target is planned. nodeagent keeps what the target still contains and refuses to touch busy
-instances; wipe-and-recreate (mig-parted's apply) destroys every instance on a GPU whose counts
-differ, so it succeeds without touching busy instances only when none is busy.
+target is planned. nodeagent keeps what the target still contains and refuses a transition
+whose every plan destroys a busy instance (it changes nothing and names the blockers);
+wipe-and-recreate (mig-parted's apply) destroys every instance on a GPU whose counts differ,
+busy ones included.
+
+Destroy counts are compared only over the transitions both approaches carry out (the ones
+nodeagent does not refuse), and again over the subset where no instance is busy. Refused
+transitions are counted on their own: what wipe-and-recreate destroys there (busy instances
+included), and what nodeagent would destroy with ``--force``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from dataclasses import dataclass, fields
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
@@ -63,51 +70,143 @@ def layouts(geometry: MigGeometry) -> dict[str, dict[str, int]]:
     return {k: v for k, v in cands.items() if check_layout(geometry, v) is None}
 
 
+@dataclass
+class Tally:
+    """Counts for one model (or all of them)."""
+
+    transitions: int = 0
+    refused: int = 0
+    # Transitions nodeagent carries out (not refused): both approaches change the GPU.
+    na_destroyed: int = 0
+    wipe_destroyed: int = 0
+    wipe_busy: int = 0  # busy instances wipe destroys there (nodeagent destroys none)
+    # The subset with no busy instance: both succeed without touching a busy instance.
+    clean: int = 0
+    clean_na: int = 0
+    clean_wipe: int = 0
+    # Refused transitions: wipe destroys everything; nodeagent only with --force.
+    refused_wipe: int = 0
+    refused_wipe_busy: int = 0
+    refused_force: int = 0
+    refused_force_busy: int = 0
+
+    def add(self, other: Tally) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def performed(self) -> int:
+        return self.transitions - self.refused
+
+
+def run_model(geometry: MigGeometry, seeds: int, busy_share: float) -> Tally:
+    """Every ordered pair of distinct layouts, from seeded busy starts."""
+    table = layouts(geometry)
+    t = Tally()
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        for a, start in table.items():
+            placed = plan_gpu(geometry, [], start).create
+            current = [
+                Instance(c.profile, c.placement, busy=rng.random() < busy_share, instance_id=i)
+                for i, c in enumerate(placed)
+            ]
+            busy = sum(c.busy for c in current)
+            for b, target in table.items():
+                if a == b:
+                    continue
+                t.transitions += 1
+                try:
+                    plan = plan_gpu(geometry, current, target)
+                except BlockedByBusyError:
+                    t.refused += 1
+                    t.refused_wipe += len(current)
+                    t.refused_wipe_busy += busy
+                    forced = plan_gpu(geometry, current, target, force=True)
+                    t.refused_force += len(forced.destroy)
+                    t.refused_force_busy += sum(d.busy for d in forced.destroy)
+                    continue
+                assert not any(d.busy for d in plan.destroy)
+                t.na_destroyed += len(plan.destroy)
+                t.wipe_destroyed += len(current)
+                t.wipe_busy += busy
+                if not busy:
+                    t.clean += 1
+                    t.clean_na += len(plan.destroy)
+                    t.clean_wipe += len(current)
+    return t
+
+
+COLUMNS = (
+    ("model", 11),
+    ("trans", 5),
+    ("refused", 7),
+    ("| both do", 9),
+    ("destroyed: na", 13),
+    ("wipe", 5),
+    ("(busy)", 6),
+    ("| no busy", 9),
+    ("na", 4),
+    ("wipe", 5),
+    ("| refused: wipe", 15),
+    ("(busy)", 6),
+    ("na --force (busy)", 17),
+)
+
+
+def row(label: str, t: Tally) -> str:
+    values = (
+        label,
+        t.transitions,
+        t.refused,
+        t.performed,
+        t.na_destroyed,
+        t.wipe_destroyed,
+        t.wipe_busy,
+        t.clean,
+        t.clean_na,
+        t.clean_wipe,
+        t.refused_wipe,
+        t.refused_wipe_busy,
+        f"{t.refused_force} ({t.refused_force_busy})",
+    )
+    cells = [f"{values[0]:<{COLUMNS[0][1]}}"]
+    cells += [f"{v:>{w}}" for v, (_, w) in zip(values[1:], COLUMNS[1:], strict=True)]
+    return " ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--busy", type=float, default=0.3)
     args = ap.parse_args()
-    print(
-        f"{'model':<11} {'transitions':>11}  {'destroyed: nodeagent':>20} {'wipe':>6}  "
-        f"{'ok w/o touching busy: nodeagent':>31} {'wipe':>6}"
-    )
-    grand = [0, 0, 0, 0, 0]
+    head = [f"{COLUMNS[0][0]:<{COLUMNS[0][1]}}"]
+    head += [f"{name:>{w}}" for name, w in COLUMNS[1:]]
+    print(" ".join(head))
+    total = Tally()
     for label, geometry in geometries().items():
-        table = layouts(geometry)
-        n = d_na = d_wipe = ok_na = ok_wipe = 0
-        for seed in range(args.seeds):
-            rng = random.Random(seed)
-            for a, start in table.items():
-                placed = plan_gpu(geometry, [], start).create
-                current = [
-                    Instance(c.profile, c.placement, busy=rng.random() < args.busy, instance_id=i)
-                    for i, c in enumerate(placed)
-                ]
-                for b, target in table.items():
-                    if a == b:
-                        continue
-                    n += 1
-                    d_wipe += len(current)
-                    ok_wipe += not any(c.busy for c in current)
-                    try:
-                        plan = plan_gpu(geometry, current, target)
-                    except BlockedByBusyError:
-                        # nodeagent then changes nothing (and says which instance blocks).
-                        continue
-                    ok_na += 1
-                    d_na += len(plan.destroy)
-        # Destroy counts are compared on the transitions both approaches carried out.
-        print(f"{label:<11} {n:>11}  {d_na:>20} {d_wipe:>6}  {ok_na:>31} {ok_wipe:>6}")
-        for i, v in enumerate((n, d_na, d_wipe, ok_na, ok_wipe)):
-            grand[i] += v
-    n, d_na, d_wipe, ok_na, ok_wipe = grand
+        t = run_model(geometry, args.seeds, args.busy)
+        print(row(label, t))
+        total.add(t)
+    t = total
     print()
     print(
-        f"all models: {n} transitions; nodeagent destroyed {d_na} instances "
-        f"(wipe-and-recreate: {d_wipe}, {d_wipe / max(d_na, 1):.1f}x more); "
-        f"succeeded without touching busy instances: nodeagent {ok_na} ({ok_na / n:.0%}), "
-        f"wipe {ok_wipe} ({ok_wipe / n:.0%})"
+        f"all models: {t.transitions} transitions; nodeagent refuses {t.refused} "
+        f"({t.refused / t.transitions:.0%}) because a busy instance blocks every plan"
+    )
+    print(
+        f"the {t.performed} transitions both carry out: nodeagent destroyed "
+        f"{t.na_destroyed} instances, none busy; wipe-and-recreate {t.wipe_destroyed} "
+        f"({t.wipe_destroyed / max(t.na_destroyed, 1):.1f}x), {t.wipe_busy} of them busy"
+    )
+    print(
+        f"  of which {t.clean} with no busy instance: nodeagent destroyed {t.clean_na}, "
+        f"wipe-and-recreate {t.clean_wipe} ({t.clean_wipe / max(t.clean_na, 1):.1f}x)"
+    )
+    print(
+        f"the {t.refused} refused transitions: nodeagent destroys nothing; wipe-and-recreate "
+        f"destroys {t.refused_wipe} instances, {t.refused_wipe_busy} of them busy; "
+        f"nodeagent --force would destroy {t.refused_force}, {t.refused_force_busy} of them busy"
     )
 
 
