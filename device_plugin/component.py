@@ -55,6 +55,15 @@ class DevicePluginComponent:
             return False
         return manager.registered or not manager.kubelet_present
 
+    def advertised(self) -> dict[str, dict[str, bool]]:
+        """What the plugin serves to the kubelet: resource -> {device ID: healthy}.
+
+        Empty until the plugin serves (no snapshot yet) and after it stops; published to other
+        components as ``AgentContext.advertised``.
+        """
+        manager = self.manager
+        return manager.advertised() if manager is not None else {}
+
     def reload(self, config: AgentConfig) -> None:
         """Take a new config (SIGHUP); applied by the run loop within one tick."""
         with self._lock:
@@ -113,4 +122,6 @@ def build_component(ctx: AgentContext) -> DevicePluginComponent | None:
     if not section.enabled:
         return None
     # gRPC reads ``unix://relative/path`` as a host name: sockets need an absolute path.
-    return DevicePluginComponent(ctx, section.kubelet_dir.absolute())
+    component = DevicePluginComponent(ctx, section.kubelet_dir.absolute())
+    ctx.advertised = component.advertised
+    return component

@@ -158,6 +158,16 @@ class PluginManager:
         server.stop()
         log.info("%s: no devices left; stopped serving it", name)
 
+    def advertised(self) -> dict[str, dict[str, bool]]:
+        """What every resource server advertises now: resource -> {device ID: healthy}.
+
+        Reads without the manager's lock: ``apply`` can hold it for up to a second while a
+        vanished resource drains, and the exporter's render thread must not wait on that. Copying
+        the dict is atomic under the GIL, and each server's list is read under its own lock.
+        """
+        servers = dict(self.servers)
+        return {name: server.service.advertised() for name, server in sorted(servers.items())}
+
     def refresh(self) -> None:
         """Re-evaluate health on every server; streams get the list if it changed."""
         for server in list(self.servers.values()):

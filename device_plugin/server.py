@@ -81,6 +81,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._cond.notify_all()
         return True
 
+    def advertised(self) -> dict[str, bool]:
+        """The device list as ListAndWatch sends it now: ID -> healthy."""
+        with self._cond:
+            message = self._message
+        return {d.ID: d.health == HEALTHY for d in message.devices}
+
     def wait_delivered(self, timeout_s: float) -> bool:
         """Wait until a stream has sent the newest list (or no stream is open)."""
         deadline = time.monotonic() + timeout_s

@@ -377,7 +377,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         G,
         ("resource",),
         "1",
-        "Devices the kubelet reports allocatable for the resource (replicas counted).",
+        "Devices advertised for the resource (replicas counted): what the agent's device "
+        "plugin serves the kubelet, with or without a kubelet; with the plugin disabled, what "
+        "the kubelet's pod-resources API reports allocatable.",
+        "device plugin",
+    ),
+    MetricSpec(
+        "nodeagent_device_plugin_devices_unhealthy",
+        G,
+        ("resource",),
+        "1",
+        "Advertised devices of the resource the agent's device plugin reports Unhealthy to the "
+        "kubelet (replicas counted); absent when the plugin is disabled.",
         "device plugin",
     ),
     MetricSpec(
@@ -385,7 +396,10 @@ _SPECS: tuple[MetricSpec, ...] = (
         G,
         ("resource",),
         "1",
-        "Devices of the resource allocated to containers (replicas counted).",
+        "Devices of the resource allocated to containers (replicas counted), from the kubelet's "
+        "pod-resources API. 0 means none allocated; the series is absent while allocations are "
+        "unknown (pod attribution off, or the API has not answered yet: see "
+        "nodeagent_pod_resources_up).",
         "device plugin",
     ),
     MetricSpec(
@@ -402,7 +416,9 @@ _SPECS: tuple[MetricSpec, ...] = (
         G,
         (),
         "1",
-        "1 when the last kubelet pod-resources poll succeeded.",
+        "1 when the last kubelet pod-resources poll succeeded, 0 when it failed (allocated "
+        "counts and attribution then stay at the last successful poll); absent when pod "
+        "attribution is off.",
         "device plugin",
     ),
     MetricSpec(

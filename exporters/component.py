@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 
 from exporters.podresources import PodResourcesPoller
 from exporters.render import Rendered, Renderer, Sources
@@ -76,6 +77,7 @@ class MetricsExporter:
                 policy=lambda: self.ctx.config.pool,
                 health=lambda: self.ctx.health,
                 allocations=lambda: self.poller.latest if self.poller else None,
+                advertised=self._advertised,
                 restarts=ctx.restarts,
                 pool=lambda: self.ctx.config.node.pool,
             )
@@ -83,6 +85,11 @@ class MetricsExporter:
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
         self._wake = threading.Event()
+
+    def _advertised(self) -> Mapping[str, Mapping[str, bool]] | None:
+        """The device plugin's advertised devices (read at render time: it may start later)."""
+        advertised = self.ctx.advertised
+        return advertised() if advertised is not None else None
 
     @property
     def ready(self) -> bool:

@@ -54,6 +54,9 @@ class Allocations:
     advertised: Mapping[str, int] = field(default_factory=dict)  # resource -> devices
     allocated: Mapping[str, int] = field(default_factory=dict)
     pod_devices: tuple[PodDevice, ...] = ()
+    # Some poll has succeeded, so the counts are facts (possibly stale while ``ok`` is false).
+    # False only before the first success: then "nothing allocated" is unknown, not zero.
+    known: bool = True
 
 
 def parse(
@@ -168,7 +171,7 @@ class PodResourcesPoller:
                 prev.timestamp_s, False, prev.advertised, prev.allocated, prev.pod_devices
             )
         else:
-            self.latest = Allocations(now, False)
+            self.latest = Allocations(now, False, known=False)
         return self.latest
 
     def run(self, stop: threading.Event) -> None:

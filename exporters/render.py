@@ -220,6 +220,8 @@ class Sources:
     policy: Callable[[], PoolPolicy]
     health: Callable[[], HealthSource | None] = lambda: None
     allocations: Callable[[], Allocations | None] = lambda: None
+    # The agent's own device plugin: resource -> {device ID: healthy}; None when it is off.
+    advertised: Callable[[], Mapping[str, Mapping[str, bool]] | None] = lambda: None
     restarts: Mapping[str, int] = field(default_factory=dict)
     pool: Callable[[], str] = lambda: "default"
 
@@ -287,7 +289,7 @@ class Renderer:
         stranded_gpus = fragmentation.stranded_gpus(components, policy.request_sizes)
         f.add("nodeagent_stranded_gpus", (), stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
-        self._device_plugin(f, snap, allocations, mig_by_uuid)
+        self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
         self._agent(f, snap)
         return NodeCapacity(
             mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
@@ -448,17 +450,37 @@ class Renderer:
         f: _Families,
         snap: NodeSnapshot,
         allocations: Allocations | None,
+        advertised: Mapping[str, Mapping[str, bool]] | None,
         mig_by_uuid: Mapping[str, tuple[GpuState, GpuInstance]],
     ) -> None:
+        """Advertised, unhealthy and allocated counts per resource, and pod attribution.
+
+        Advertised comes from the agent's own device plugin when it runs (it knows what it
+        serves, kubelet or not), else from the kubelet's allocatable resources (another plugin
+        serves the GPUs). Allocated comes only from the kubelet: it is left out while the kubelet
+        has never answered, so an absent series means "unknown" and 0 means "nothing allocated".
+        """
+        counts: dict[str, int] = {}
+        unhealthy: dict[str, int] = {}
+        if advertised is not None:
+            for resource, devices in advertised.items():
+                counts[resource] = len(devices)
+                unhealthy[resource] = sum(1 for healthy in devices.values() if not healthy)
+        elif allocations is not None and allocations.known:
+            counts = dict(allocations.advertised)
+        for resource, count in sorted(counts.items()):
+            f.add("nodeagent_device_plugin_devices_advertised", (resource,), count)
+        for resource, count in sorted(unhealthy.items()):
+            f.add("nodeagent_device_plugin_devices_unhealthy", (resource,), count)
         if allocations is None:
             return
         f.add("nodeagent_pod_resources_up", (), float(allocations.ok))
+        if not allocations.known:
+            return
         age = max(0.0, snap.timestamp_s - allocations.timestamp_s)
         f.add("nodeagent_pod_resources_age_seconds", (), age)
-        for resource, count in sorted(allocations.advertised.items()):
-            f.add("nodeagent_device_plugin_devices_advertised", (resource,), count)
-        resources = set(allocations.advertised) | set(allocations.allocated)
-        for resource in sorted(resources):
+        # Every resource someone knows of gets a series, so "none allocated" reads 0.
+        for resource in sorted({*counts, *allocations.advertised, *allocations.allocated}):
             count = allocations.allocated.get(resource, 0)
             f.add("nodeagent_device_plugin_devices_allocated", (resource,), count)
         gpu_index = {g.info.uuid: str(g.info.index) for g in snap.gpus}

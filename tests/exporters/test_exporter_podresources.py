@@ -79,6 +79,7 @@ def test_failure_keeps_last_attribution_then_recovers(kubelet: tuple[FakeKubelet
     failed = poller.poll()
     assert failed is not None
     assert not failed.ok
+    assert failed.known  # stale, but from a real answer
     assert len(failed.pod_devices) == 1
     servicer.fail = False
     servicer.pods = []
@@ -92,6 +93,7 @@ def test_missing_socket_is_reported_not_raised(tmp_path: Path) -> None:
     alloc = PodResourcesPoller(tmp_path / "absent.sock", 5.0).poll()
     assert alloc is not None
     assert not alloc.ok
+    assert not alloc.known  # never answered: allocations are unknown, not zero
 
 
 def test_interval_has_a_floor(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def render(
     health: FakeHealth | None = None,
     allocations: Allocations | None = None,
     restarts: dict[str, int] | None = None,
+    advertised: Mapping[str, Mapping[str, bool]] | None = None,
 ) -> dict:
     renderer = Renderer(
         Sources(
@@ -69,10 +70,18 @@ def render(
             policy=lambda: policy or PoolPolicy(),
             health=lambda: health,
             allocations=lambda: allocations,
+            advertised=lambda: advertised,
             restarts=restarts or {},
         )
     )
     return parse_samples(renderer.render(snap).body.decode())
+
+
+# What a device plugin advertises: two of four GPU replicas unhealthy, one healthy MIG device.
+PLUGIN = {
+    "nvidia.com/gpu": {"GPU-a::0": True, "GPU-a::1": True, "GPU-b::0": False, "GPU-b::1": False},
+    "nvidia.com/mig-1g.10gb": {"MIG-c": True},
+}
 
 
 def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
@@ -119,6 +128,7 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
             policy=lambda: PoolPolicy(expected_driver_version="570.124.06"),
             health=lambda: health,
             allocations=lambda: allocations,
+            advertised=lambda: PLUGIN,
             restarts={"sampler": 1},
         )
     )
@@ -134,7 +144,9 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
 
 def test_labels_match_the_catalog() -> None:
     snap, health, allocations = full_node()
-    samples = render(snap, health=health, allocations=allocations, restarts={"x": 0})
+    samples = render(
+        snap, health=health, allocations=allocations, restarts={"x": 0}, advertised=PLUGIN
+    )
     for name, labels in samples:
         assert {k for k, _ in labels} == set(CATALOG[name].labels), name
 
@@ -327,6 +339,85 @@ def test_xids_stability_and_pod_attribution() -> None:
         == 2.0
     )
     assert value(samples, "nodeagent_pod_resources_age_seconds") == 10.0
+
+
+NEVER_POLLED = Allocations(1000.0, False, known=False)
+POLLED_NO_PODS = Allocations(995.0, True, {"nvidia.com/gpu": 4}, {})
+KUBELET_ONLY = Allocations(
+    995.0, True, {"nvidia.com/gpu": 8}, {"nvidia.com/gpu": 3, "nvidia.com/mig-1g.10gb": 1}
+)
+STALE = Allocations(990.0, False, {"nvidia.com/gpu": 8}, {"nvidia.com/gpu": 3})
+GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
+
+
+@pytest.mark.parametrize(
+    ("advertised", "allocations", "expected"),
+    [
+        pytest.param(
+            PLUGIN,
+            None,
+            {"advertised": {GPU: 4, MIG: 1}, "unhealthy": {GPU: 2, MIG: 0}, "allocated": {}},
+            id="plugin, no pod attribution: allocated unknown",
+        ),
+        pytest.param(
+            PLUGIN,
+            NEVER_POLLED,
+            {"advertised": {GPU: 4, MIG: 1}, "unhealthy": {GPU: 2, MIG: 0}, "allocated": {}},
+            id="plugin, kubelet never answered: allocated unknown",
+        ),
+        pytest.param(
+            PLUGIN,
+            POLLED_NO_PODS,
+            {
+                "advertised": {GPU: 4, MIG: 1},
+                "unhealthy": {GPU: 2, MIG: 0},
+                "allocated": {GPU: 0, MIG: 0},
+            },
+            id="plugin, kubelet answered: no allocations is 0",
+        ),
+        pytest.param(
+            {},
+            POLLED_NO_PODS,
+            {"advertised": {}, "unhealthy": {}, "allocated": {GPU: 0}},
+            id="plugin not serving yet: nothing advertised, not the kubelet's count",
+        ),
+        pytest.param(
+            None,
+            KUBELET_ONLY,
+            {"advertised": {GPU: 8}, "unhealthy": {}, "allocated": {GPU: 3, MIG: 1}},
+            id="plugin disabled: the kubelet's allocatable",
+        ),
+        pytest.param(
+            None,
+            STALE,
+            {"advertised": {GPU: 8}, "unhealthy": {}, "allocated": {GPU: 3}},
+            id="kubelet stopped answering: last known counts",
+        ),
+        pytest.param(
+            None,
+            NEVER_POLLED,
+            {"advertised": {}, "unhealthy": {}, "allocated": {}},
+            id="nothing known",
+        ),
+    ],
+)
+def test_device_plugin_counts_tell_unknown_from_zero(
+    advertised: Mapping[str, Mapping[str, bool]] | None,
+    allocations: Allocations | None,
+    expected: dict[str, dict[str, int]],
+) -> None:
+    samples = render(snapshot([gpu_state(0)]), allocations=allocations, advertised=advertised)
+    for kind, want in expected.items():
+        got = {
+            dict(ls)["resource"]: v
+            for (n, ls), v in samples.items()
+            if n == f"nodeagent_device_plugin_devices_{kind}"
+        }
+        assert got == want, kind
+    up = value(samples, "nodeagent_pod_resources_up")
+    assert up == (None if allocations is None else float(allocations.ok))
+    known = allocations is not None and allocations.known
+    assert (value(samples, "nodeagent_pod_resources_age_seconds") is not None) is known
 
 
 def test_nvml_errors_accumulate_across_snapshots() -> None:
