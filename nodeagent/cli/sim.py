@@ -16,7 +16,13 @@ import typer
 from nodeagent.cli.common import JsonOption, SimulateOption, StateDirOption, emit_json, fail
 from nodeagent.cli.common import print_table as _print_table
 from nodeagent.sim.control import SimControl, SimError
-from nodeagent.sim.ops import FAULT_KINDS
+from nodeagent.sim.ops import (
+    FAULT_KINDS,
+    NVLINK_ERROR_BURST,
+    NVML_ERROR_CODE,
+    NVML_ERROR_FUNCTION,
+    PCIE_REPLAY_BURST,
+)
 from nodeagent.sim.presets import PRESETS
 from nodeagent.sim.state import default_state_dir
 
@@ -79,12 +85,33 @@ def inject_cmd(
     code: Annotated[
         int | None,
         typer.Option(
-            "--code", help="XID code (xid), or link index (nvlink-down).", show_default=False
+            "--code",
+            help="XID code (xid); link index (nvlink-down, nvlink-errors; default 0); NVML "
+            f"return code (nvml-error; default {NVML_ERROR_CODE}, TIMEOUT).",
+            show_default=False,
         ),
     ] = None,
     version: Annotated[
         str | None,
         typer.Option("--version", help="New driver version (driver).", show_default=False),
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            "--count",
+            help=f"Burst size: PCIe replays (pcie-replay; default {PCIE_REPLAY_BURST}), CRC "
+            f"errors replayed on the link (nvlink-errors; default {NVLINK_ERROR_BURST}).",
+            show_default=False,
+        ),
+    ] = None,
+    function: Annotated[
+        str | None,
+        typer.Option(
+            "--function",
+            help="NVML function that fails on the GPU's handles (nvml-error; default "
+            f"{NVML_ERROR_FUNCTION}).",
+            show_default=False,
+        ),
     ] = None,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
@@ -92,7 +119,9 @@ def inject_cmd(
     """Inject a fault into one GPU."""
     control = _run_or_fail(simulate, state_dir)
     try:
-        control.inject(kind, gpu, mig_uuid=mig, code=code, version=version)
+        control.inject(
+            kind, gpu, mig_uuid=mig, code=code, version=version, count=count, function=function
+        )
     except SimError as exc:
         fail(str(exc), exc.hint)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 
 from nodeagent.sim import ops, presets
-from nodeagent.sim.nvml import SimNvml
+from nodeagent.sim.nvml import HANDLE_FUNCTIONS, SimNvml
 from nodeagent.sim.state import SimStateError, State, StateStore, new_state
 
 
@@ -87,8 +87,15 @@ class SimControl:
         mig_uuid: str | None = None,
         code: int | None = None,
         version: str | None = None,
+        count: int | None = None,
+        function: str | None = None,
     ) -> None:
-        """Inject a fault (``ops.FAULT_KINDS``) into GPU ``gpu``."""
+        """Inject a fault (``ops.FAULT_KINDS``) into GPU ``gpu``.
+
+        ``code``: the XID (xid), the link (nvlink-down, nvlink-errors) or the NVML return code
+        (nvml-error). ``count``: the burst size (pcie-replay, nvlink-errors). ``function``: the
+        NVML function that fails (nvml-error). Defaults are in docs/simulator.md.
+        """
         if kind not in ops.FAULT_KINDS:
             raise SimError(
                 f"unknown fault kind {kind!r}", f"choose one of: {', '.join(ops.FAULT_KINDS)}"
@@ -97,17 +104,44 @@ class SimControl:
             raise SimError("fault 'xid' needs an XID code", "pass --code, e.g. --code 79")
         if kind == "driver" and not version:
             raise SimError("fault 'driver' needs a version", "pass --version, e.g. 570.172.08")
+        if count is not None and count < 1:
+            raise SimError(f"count {count} must be 1 or more", "pass --count 1 or more")
+        if count is not None and kind not in ("pcie-replay", "nvlink-errors"):
+            raise SimError(
+                f"fault {kind!r} takes no count", "--count is for pcie-replay and nvlink-errors"
+            )
+        if function is not None and kind != "nvml-error":
+            raise SimError(f"fault {kind!r} takes no function", "--function is for nvml-error")
+        if kind == "nvml-error":
+            self._check_nvml_error(function, code)
         now = self.clock()
         self._change(
             gpu,
             mig_uuid,
-            lambda s: ops.inject(s, kind, gpu, now, mig_uuid=mig_uuid, code=code, version=version),
+            lambda s: ops.inject(
+                s, kind, gpu, now, mig_uuid=mig_uuid, code=code, version=version, count=count,
+                function=function,
+            ),
             what=f"inject {kind}",
-        )
+        )  # fmt: skip
+
+    @staticmethod
+    def _check_nvml_error(function: str | None, code: int | None) -> None:
+        if function is not None and function not in HANDLE_FUNCTIONS:
+            raise SimError(
+                f"{function!r} is not an NVML function the simulator models on a GPU handle",
+                f"name one such as {ops.NVML_ERROR_FUNCTION} or nvmlDeviceGetTotalEccErrors",
+            )
+        if code is not None and code <= 0:
+            raise SimError(
+                f"NVML return code {code} is not an error",
+                f"pass an NVML error code, e.g. --code {ops.NVML_ERROR_CODE} (TIMEOUT)",
+            )
 
     def clear(self, gpu: int) -> None:
         """End GPU ``gpu``'s faults; cumulative counters stay."""
-        self._change(gpu, None, lambda s: ops.clear(s, gpu), what="clear faults")
+        now = self.clock()
+        self._change(gpu, None, lambda s: ops.clear(s, gpu, now), what="clear faults")
 
     def add_process(
         self,

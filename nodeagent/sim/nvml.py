@@ -15,6 +15,7 @@ dereferenced.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,28 @@ _PASSTHROUGH = frozenset(
     {"nvmlExceptionClass", "nvmlStructToFriendlyObject", "nvmlFriendlyObjectToStruct",
      "nvmlFriendlyObject"}
 )  # fmt: skip
+
+
+# The NVML function the current thread called (the outermost one: aliases that call another
+# method still count as the function the caller named). Read only when a GPU has an injected
+# nvml-error fault.
+_calling = threading.local()
+
+
+def _tracked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an NVML method so ``_live_gpu`` knows which function is being called."""
+
+    @functools.wraps(method)
+    def call(self: SimNvml, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_calling, "name", None) is not None:
+            return method(self, *args, **kwargs)
+        _calling.name = name
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _calling.name = None
+
+    return call
 
 
 def _encode(kind: int, gpu: int = 0, gi: int = 0, ci: int = 0, serial: int = 0) -> int:
@@ -176,8 +199,14 @@ class SimNvml:
         if index >= len(gpus):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = gpus[index]
-        if gpu["faults"]["lost"]:
+        faults = gpu["faults"]
+        if faults["lost"]:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        broken: dict[str, int] | None = faults.get("nvml_errors")
+        if broken:
+            code = broken.get(getattr(_calling, "name", None) or "")
+            if code is not None:
+                raise _err(code)  # injected: this function fails on this GPU's handles
         return gpu
 
     def _gpu(self, handle: Any) -> tuple[State, dict[str, Any]]:
@@ -591,11 +620,23 @@ class SimNvml:
         return int(pynvml.NVML_FEATURE_DISABLED if down else pynvml.NVML_FEATURE_ENABLED)
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
-        """Link error counters; the simulator books its NVLink faults on link 0's replay count."""
+        """Data-link error counters (replay, recovery, CRC flit; CRC data and ECC stay 0).
+
+        ``nvlink-errors`` grows a link's counters; ``nvlink-down`` books its one error on link
+        0's replay counter.
+        """
         _, gpu, _ = self._link(device, link)
+        if not 0 <= counter < pynvml.NVML_NVLINK_ERROR_COUNT:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        counters = ops.nvlink_counters(gpu, link)
+        value = {
+            pynvml.NVML_NVLINK_ERROR_DL_REPLAY: counters["replay"],
+            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: counters["recovery"],
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: counters["crc_flit"],
+        }.get(counter, 0)
         if counter == pynvml.NVML_NVLINK_ERROR_DL_REPLAY and link == 0:
-            return int(gpu["nvlink_errors"])
-        return 0
+            value += int(gpu["nvlink_errors"])
+        return int(value)
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
         """PCI info of the link's far end: the peer GPU, or an NVSwitch."""
@@ -1138,3 +1179,18 @@ class SimNvml:
         if mig is None:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._device_handle(gpu["index"])
+
+
+# Every modelled NVML call records its name (see ``_tracked``); helpers stay unwrapped.
+for _name, _method in list(vars(SimNvml).items()):
+    if _name.startswith("nvml") and callable(_method):
+        setattr(SimNvml, _name, _tracked(_name, _method))
+
+# NVML functions that act on one GPU (a GPU, MIG device, GPU-instance or compute-instance
+# handle): the ones an ``nvml-error`` fault can make fail.
+HANDLE_FUNCTIONS = frozenset(
+    name
+    for name in vars(SimNvml)
+    if name.startswith(("nvmlDevice", "nvmlGpuInstance", "nvmlComputeInstance"))
+    and name != "nvmlDeviceGetCount"
+)

@@ -31,6 +31,15 @@ XID_REMAP_FAILURE = 64  # row-remapping failure
 XID_NVLINK = 74  # NVLink error
 XID_FALLEN_OFF_BUS = 79  # GPU has fallen off the bus
 
+# Default bursts of the counter faults: one injection is enough to cross the health checks'
+# default per-minute thresholds (60 PCIe replays, 100 NVLink errors).
+PCIE_REPLAY_BURST = 100
+NVLINK_ERROR_BURST = 100
+# nvml-error defaults: a persistent TIMEOUT from the power reading. The GPU layer reads TIMEOUT as
+# a failed call (not a lost GPU), unlike UNKNOWN or GPU_IS_LOST on a GPU's handle.
+NVML_ERROR_FUNCTION = "nvmlDeviceGetPowerUsage"
+NVML_ERROR_CODE = int(pynvml.NVML_ERROR_TIMEOUT)
+
 FAULT_KINDS = (
     "xid",
     "ecc-sbe",
@@ -41,7 +50,27 @@ FAULT_KINDS = (
     "nvlink-down",
     "lost",
     "driver",
+    "pcie-replay",
+    "nvlink-errors",
+    "power-cap",
+    "power-brake",
+    "nvml-error",
 )
+
+# Per-link NVLink error counters the simulator keeps (NVML_NVLINK_ERROR_DL_*).
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit")
+
+
+def no_faults() -> dict[str, Any]:
+    """A GPU's fault flags with nothing wrong (fresh node, or after ``clear``)."""
+    return {"lost": False, "thermal": False, "nvlink_down": [], "power": None, "nvml_errors": {}}
+
+
+def nvlink_counters(gpu: Gpu, link: int) -> dict[str, int]:
+    """Link ``link``'s error counters (zeros for a link that never had one)."""
+    stored: dict[str, dict[str, int]] = gpu.get("nvlink_counters", {})
+    found = stored.get(str(link))
+    return dict(found) if found else dict.fromkeys(NVLINK_COUNTERS, 0)
 
 
 def err(code: int) -> pynvml.NVMLError:
@@ -394,8 +423,14 @@ def inject(
     mig_uuid: str | None = None,
     code: int | None = None,
     version: str | None = None,
+    count: int | None = None,
+    function: str | None = None,
 ) -> None:
     """Inject a fault into GPU ``index`` (kinds in ``FAULT_KINDS``; see docs/simulator.md).
+
+    ``code`` is the XID (xid), the link (nvlink-down, nvlink-errors) or the NVML return code
+    (nvml-error); ``count`` the size of a counter burst (pcie-replay, nvlink-errors);
+    ``function`` the NVML function that fails (nvml-error).
 
     Raises ValueError for a kind that needs an argument it did not get; NVMLError for an
     unknown MIG UUID or a GPU without the feature.
@@ -441,11 +476,7 @@ def inject(
     elif kind == "thermal":
         gpu["faults"]["thermal"] = True
     elif kind == "nvlink-down":
-        if not gpu["nvlinks"]:
-            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        link = 0 if code is None else code
-        if not 0 <= link < len(gpu["nvlinks"]):
-            raise ValueError(f"GPU {index} has NVLinks 0..{len(gpu['nvlinks']) - 1}, not {link}")
+        link = _link_arg(gpu, code)
         if link not in gpu["faults"]["nvlink_down"]:
             gpu["faults"]["nvlink_down"].append(link)
         gpu["nvlink_errors"] += 1
@@ -457,14 +488,66 @@ def inject(
         if not version:
             raise ValueError("fault 'driver' needs a version, e.g. 570.172.08")
         state["driver_version"] = version
+    elif kind == "pcie-replay":
+        # The replay counter only grows (NVML has no event for it); the agent sees the rate.
+        gpu["pcie_replay"] = int(gpu.get("pcie_replay", 0)) + _count_arg(count, PCIE_REPLAY_BURST)
+    elif kind == "nvlink-errors":
+        link = _link_arg(gpu, code)
+        burst = _count_arg(count, NVLINK_ERROR_BURST)
+        counters = nvlink_counters(gpu, link)
+        # Each flit that fails its CRC is replayed; a burst this size also retrains the link once.
+        counters["crc_flit"] += burst
+        counters["replay"] += burst
+        counters["recovery"] += 1
+        gpu.setdefault("nvlink_counters", {})[str(link)] = counters
+    elif kind in ("power-cap", "power-brake"):
+        # Power and clocks change shape: fold the energy used so far in before they do.
+        checkpoint_energy(state, index, now)
+        faults_of(gpu)["power"] = "cap" if kind == "power-cap" else "brake"
+    elif kind == "nvml-error":
+        name = function or NVML_ERROR_FUNCTION
+        failure = NVML_ERROR_CODE if code is None else code
+        if failure <= 0:
+            raise ValueError(f"NVML return code {failure} is not an error; pass a code above 0")
+        faults_of(gpu)["nvml_errors"][name] = failure
     else:
         raise ValueError(f"unknown fault kind {kind!r}; choose one of: {', '.join(FAULT_KINDS)}")
 
 
-def clear(state: State, index: int) -> None:
-    """End GPU ``index``'s faults. Cumulative counters (ECC, remapped rows, pages) stay."""
+def faults_of(gpu: Gpu) -> dict[str, Any]:
+    """The GPU's fault flags, with the keys newer fault kinds added (older state files)."""
+    faults: dict[str, Any] = gpu["faults"]
+    for key, value in no_faults().items():
+        faults.setdefault(key, value)
+    return faults
+
+
+def _link_arg(gpu: Gpu, code: int | None) -> int:
+    if not gpu["nvlinks"]:
+        raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    link = 0 if code is None else code
+    if not 0 <= link < len(gpu["nvlinks"]):
+        raise ValueError(f"GPU {gpu['index']} has NVLinks 0..{len(gpu['nvlinks']) - 1}, not {link}")
+    return link
+
+
+def _count_arg(count: int | None, default: int) -> int:
+    if count is None:
+        return default
+    if count < 1:
+        raise ValueError(f"count {count} must be 1 or more")
+    return count
+
+
+def clear(state: State, index: int, now: float | None = None) -> None:
+    """End GPU ``index``'s faults. Cumulative counters (ECC, remapped rows, pages) stay.
+
+    ``now`` checkpoints the energy when a power fault ends (its power curve ends with it).
+    """
     gpu = get_gpu(state, index)
-    gpu["faults"] = {"lost": False, "thermal": False, "nvlink_down": []}
+    if now is not None and gpu["faults"].get("power"):
+        checkpoint_energy(state, index, now)
+    gpu["faults"] = no_faults()
     gpu["remap"]["pending"] = 0
     gpu["remap"]["failure"] = 0
     gpu["retired"]["pending"] = 0

@@ -145,12 +145,20 @@ def initial_gpus(preset: Preset) -> list[dict[str, Any]]:
                 "nvlinks": nvlink_peers(preset, index, gpu_model.nvlinks),
                 "mig": {"current": 0, "pending": 0},
                 "instances": [],
-                "faults": {"lost": False, "thermal": False, "nvlink_down": []},
+                # the same keys as ops.no_faults()
+                "faults": {
+                    "lost": False,
+                    "thermal": False,
+                    "nvlink_down": [],
+                    "power": None,
+                    "nvml_errors": {},
+                },
                 "ecc": {"sbe_vol": 0, "dbe_vol": 0, "sbe_agg": 0, "dbe_agg": 0},
                 "remap": {"corr": 0, "unc": 0, "pending": 0, "failure": 0},
                 "retired": {"sbe": [], "dbe": [], "pending": 0},
                 "pcie_replay": 0,
-                "nvlink_errors": 0,
+                "nvlink_errors": 0,  # nvlink-down's +1, booked on link 0's replay counter
+                "nvlink_counters": {},  # link -> {replay, recovery, crc_flit} from nvlink-errors
                 # energy checkpoint: joules consumed up to "t" under the load then in force
                 "energy": {"t": 0.0, "mj": 0},
             }

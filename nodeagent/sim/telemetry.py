@@ -22,6 +22,14 @@ FULL_GPU_LOAD = 0.8  # utilization share of a process that owns a whole GPU (0..
 IDLE_MEMORY_MIB = 4  # driver-reserved memory nvidia-smi shows as used on an idle GPU
 IDLE_SM_CLOCK_MHZ = 210  # SM clock of an idle datacenter GPU
 
+# Power faults. Under the SW power cap the board holds its draw just under the enforced limit and
+# the clocks drop to stay there. The HW power brake (an external signal, e.g. from the power
+# supply) cuts the clocks by half or more, and the draw falls with them.
+POWER_CAP_FRACTION = 0.99  # draw / enforced limit while capped
+POWER_CAP_CLOCK = 0.8  # SM clock / max while capped
+POWER_BRAKE_FRACTION = 0.35  # draw / enforced limit while braked
+POWER_BRAKE_CLOCK = 0.4  # SM clock / max while braked
+
 
 @dataclass(frozen=True, slots=True)
 class Wave:
@@ -76,9 +84,22 @@ def _power_terms(model: models.GpuModel, level: float) -> tuple[float, float]:
     return mean, min(amplitude, 0.5 * mean)
 
 
+def _fault_power_w(gpu: dict[str, Any], model: models.GpuModel) -> float | None:
+    """The constant draw a power fault holds the GPU at, or ``None`` without one."""
+    mode = gpu["faults"].get("power")
+    if mode == "cap":
+        return POWER_CAP_FRACTION * model.power_limit_w
+    if mode == "brake":
+        return POWER_BRAKE_FRACTION * model.power_limit_w
+    return None
+
+
 def power_w(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> float:
     """Power draw in watts at time ``now``."""
     model = models.MODELS[gpu["model"]]
+    held = _fault_power_w(gpu, model)
+    if held is not None:
+        return held
     w = wave(gpu["uuid"])
     mean, amplitude = _power_terms(model, load(gpu, procs))
     return mean + amplitude * math.sin(w.omega * now + w.phase)
@@ -92,6 +113,10 @@ def energy_mj(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> i
     base = int(gpu["energy"]["mj"])
     if now <= t0:
         return base
+    held = _fault_power_w(gpu, model)
+    if held is not None:
+        # Constant draw since the checkpoint (written when the power fault began).
+        return base + int(held * (now - t0) * 1000.0)
     mean, amplitude = _power_terms(model, load(gpu, procs))
     joules = mean * (now - t0) - amplitude / w.omega * (
         math.cos(w.omega * now + w.phase) - math.cos(w.omega * t0 + w.phase)
@@ -124,8 +149,16 @@ def clocks_mhz(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> 
     """(SM clock, memory clock) in MHz."""
     model = models.MODELS[gpu["model"]]
     level = load(gpu, procs)
-    if gpu["faults"]["thermal"]:
-        sm = int(model.max_sm_clock_mhz * 0.6)
+    power = gpu["faults"].get("power")
+    if gpu["faults"]["thermal"] or power:
+        cut = 1.0
+        if gpu["faults"]["thermal"]:
+            cut = 0.6
+        if power == "cap":
+            cut = min(cut, POWER_CAP_CLOCK)
+        elif power == "brake":
+            cut = min(cut, POWER_BRAKE_CLOCK)
+        sm = int(model.max_sm_clock_mhz * cut)
     elif level <= 0.0:
         sm = IDLE_SM_CLOCK_MHZ
     else:
@@ -136,10 +169,22 @@ def clocks_mhz(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> 
 
 def clock_event_reasons(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> int:
     """NVML clock-event reason bitmask."""
+    reasons = 0
     if gpu["faults"]["thermal"]:
-        return int(
+        reasons |= (
             pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
         )
+    power = gpu["faults"].get("power")
+    if power == "cap":
+        reasons |= pynvml.nvmlClocksEventReasonSwPowerCap
+    elif power == "brake":
+        # NVML sets HW slowdown whenever the power brake is asserted, beside the brake bit.
+        reasons |= (
+            pynvml.nvmlClocksEventReasonHwSlowdown
+            | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+        )
+    if reasons:
+        return int(reasons)
     if load(gpu, procs) <= 0.0:
         return int(pynvml.nvmlClocksEventReasonGpuIdle)
     return int(pynvml.nvmlClocksEventReasonNone)
