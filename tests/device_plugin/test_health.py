@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 
@@ -116,11 +117,20 @@ def test_tracker_quiet_period_with_fake_clock(steps, healthy_at_end) -> None:
 
 
 def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -> None:
-    """End to end: simulator XID -> NVML event -> health model -> ListAndWatch."""
+    """End to end: simulator XID -> NVML event -> health model -> ListAndWatch, within 100 ms.
+
+    One XID per GPU on seven time-sliced GPUs, each measured from the injection to the arrival
+    (at the test kubelet) of the first list with all four replicas Unhealthy. The issue's 100 ms
+    is asserted on the median: on a loaded 2-core CI machine one round can lose the CPU for
+    longer than that, but a path that is slow by design (a poll period, a lost wake-up falling
+    back to a timeout) is slow in most rounds and fails the median. Every round must still stay
+    under a generous bound, so a single hang is caught too. A round normally takes ~5 ms (see
+    docs/benchmarks-device-plugin.md).
+    """
     plugin = run_plugin(
         "dgx-h100",
         config={
-            "pools": {"default": {"gpu_sharing": {"5": TS4}}},
+            "pools": {"default": {"sharing": TS4}},
             "device_plugin": {"health_recovery_quiet_s": 0.2},
         },
     )
@@ -130,8 +140,13 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
     model.on_snapshot(plugin.node.snapshot())
     plugin.manager.health.attach(model)
     kubelet = plugin.kubelet
-    replicas = [f"{plugin.uuid(5)}::{n}" for n in range(4)]
-    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Healthy"))
+    view = kubelet.plugins
+
+    def replicas(gpu: int) -> list[str]:
+        return [f"{plugin.uuid(gpu)}::{n}" for n in range(4)]
+
+    everything = [r for gpu in range(8) for r in replicas(gpu)]
+    kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, everything, "Healthy"))
     watcher = plugin.node.watch_events()
     stop = threading.Event()
 
@@ -143,19 +158,38 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
 
     thread = threading.Thread(target=pump, daemon=True)
     thread.start()
+    control = SimControl(sim_state_dir)
+    faulted = range(1, 8)
+    latencies = []
     try:
-        started = time.monotonic()
-        SimControl(sim_state_dir).inject("xid", 5, code=79)
-        kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Unhealthy"), 2.0)
-        elapsed = time.monotonic() - started
-        others = [plugin.uuid(i) for i in range(8) if i != 5]
-        assert _all(kubelet.plugins["nvidia.com/gpu"].devices, others, "Healthy")
-        assert elapsed < 0.5, elapsed  # includes the simulator's event poll
-        SimControl(sim_state_dir).clear(5)
-        clock.now += 31.0  # past the model's hold time for the fault
+        for gpu in faulted:
+            before = len(view["nvidia.com/gpu"].lists)
+            started = time.monotonic()
+            control.inject("xid", gpu, code=79)
+            kubelet.wait_devices(
+                "nvidia.com/gpu", lambda d, g=gpu: _all(d, replicas(g), "Unhealthy"), 2.0
+            )
+            arrived = next(
+                at
+                for at, devices in view["nvidia.com/gpu"].lists[before:]
+                if _all(devices, replicas(gpu), "Unhealthy")
+            )
+            latencies.append(arrived - started)
+            # Only the faulted GPU's replicas: the ones not yet injected stay Healthy.
+            devices = view["nvidia.com/gpu"].devices
+            assert _all(devices, [r for g in range(gpu + 1, 8) for r in replicas(g)], "Healthy")
+            assert _all(devices, replicas(0), "Healthy")
+        assert statistics.median(latencies) < 0.1, latencies
+        assert max(latencies) < 1.0, latencies
+
+        for gpu in faulted:
+            control.clear(gpu)
+        clock.now += 31.0  # past the model's hold time for the faults
         model.on_snapshot(plugin.node.snapshot())
+        cleared = time.monotonic()
         model.tick()
-        kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, replicas, "Healthy"), 2.0)
+        kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, everything, "Healthy"), 2.0)
+        assert time.monotonic() - cleared >= 0.2  # the plugin's quiet period
     finally:
         stop.set()
         thread.join(2)
