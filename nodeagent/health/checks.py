@@ -9,7 +9,7 @@ replay into an enormous rate.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,16 +93,13 @@ class SnapshotChecks:
     def run(self, snapshot: NodeSnapshot, now_s: float) -> list[Observation]:
         """Every condition present in ``snapshot``."""
         found: list[Observation] = []
-        majority = _majority_driver(snapshot)
         for gpu in snapshot.gpus:
             if not gpu.info.uuid:
                 continue  # never read successfully: nothing to key health on
-            found.extend(self._gpu(gpu, snapshot, majority, now_s))
+            found.extend(self._gpu(gpu, snapshot, now_s))
         return found
 
-    def _gpu(
-        self, gpu: GpuState, snapshot: NodeSnapshot, majority: str | None, now_s: float
-    ) -> list[Observation]:
+    def _gpu(self, gpu: GpuState, snapshot: NodeSnapshot, now_s: float) -> list[Observation]:
         info = gpu.info
 
         def obs(
@@ -129,6 +126,10 @@ class SnapshotChecks:
                     Action.DRAIN_INVESTIGATE,
                 )
             )
+        # NVML reports one driver version per host (nvmlSystemGetDriverVersion), so GPUs of one
+        # node cannot disagree through it: the node's version is compared with the pool's. A
+        # kernel module that differs from the user-space library fails nvmlInit instead
+        # (LIB_RM_VERSION_MISMATCH), which the GPU layer reports as NVML being unusable.
         expected = self.expected_driver
         if expected and snapshot.driver_version != expected:
             out.append(
@@ -137,15 +138,6 @@ class SnapshotChecks:
                     HealthState.DEGRADED,
                     f"driver {snapshot.driver_version} differs from the pool's expected {expected}",
                     Action.DRAIN_INVESTIGATE,
-                )
-            )
-        if majority is not None and info.driver_version != majority:
-            out.append(
-                obs(
-                    "driver-mismatch",
-                    HealthState.DEGRADED,
-                    f"driver {info.driver_version} differs from the other GPUs' {majority}",
-                    Action.REBOOT_NODE,
                 )
             )
         if gpu.telemetry is not None:
@@ -283,11 +275,3 @@ class _Obs(Protocol):
     def __call__(
         self, key: str, state: HealthState, reason: str, action: Action, fatal: bool = False
     ) -> Observation: ...
-
-
-def _majority_driver(snapshot: NodeSnapshot) -> str | None:
-    """The driver version most GPUs report (None with fewer than two readable GPUs)."""
-    versions = Counter(g.info.driver_version for g in snapshot.gpus if not g.lost and g.info.uuid)
-    if sum(versions.values()) < 2:
-        return None
-    return versions.most_common(1)[0][0]

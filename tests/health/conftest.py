@@ -70,14 +70,14 @@ def clock() -> FakeClock:
 def make_rig(
     make_node: Callable[..., GpuNode], sim_state_dir: Path, clock: FakeClock
 ) -> Iterator[MakeRig]:
-    """``make_rig("dgx-h100", recovery_quiet_s=60, history=path)``."""
+    """``make_rig("dgx-h100", recovery_quiet_s=60, history=path, expected_driver="570.1")``."""
     watchers: list[EventWatcher] = []
 
     def make(preset: str, history: Path | None = None, **config: Any) -> Rig:
         node = make_node(preset)
         control = SimControl(sim_state_dir, preset)
+        expected = config.pop("expected_driver", None)  # the pool's, not a health field
         cfg = HealthSection(**config)
-        expected = config.pop("expected_driver", None) if "expected_driver" in config else None
         model = HealthModel(cfg, expected_driver=expected, history_path=history, clock=clock)
         transitions: list[HealthTransition] = []
         model.subscribe(transitions.append)

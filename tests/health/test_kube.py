@@ -191,3 +191,59 @@ def test_retries_while_api_server_is_down_and_catches_up(
         ("PATCH", f"/api/v1/nodes/{NODE}"),
     ]
     assert stored(api_server)["metadata"]["labels"]["nodeagent.io/gpu-health"] != "healthy"
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "status", "reason", "message"),
+    [
+        pytest.param("xid", {"code": 62}, "False", "GPUUnhealthy",
+                     "gpu5: xid 62: internal micro-controller halt", id="xid-62"),
+        pytest.param("xid", {"code": 13}, "True", "GPUsHealthy",
+                     "gpu5: xid 13: graphics engine exception", id="xid-13-application"),
+        pytest.param("ecc-dbe", {}, "False", "GPUUnhealthy",
+                     "gpu5: uncorrectable ECC errors: +1", id="ecc-dbe"),
+        pytest.param("remap-failure", {}, "False", "GPUUnhealthy",
+                     "gpu5: row remapping failed", id="remap-failure"),
+        pytest.param("thermal", {}, "True", "GPUDegraded",
+                     "gpu5: hardware slowdown, hardware thermal slowdown", id="thermal"),
+        pytest.param("power-brake", {}, "True", "GPUDegraded",
+                     "gpu5: hardware slowdown, hardware power brake slowdown", id="power-brake"),
+        pytest.param("pcie-replay", {}, "True", "GPUDegraded",
+                     "gpu5: 100 PCIe replays in the last minute", id="pcie-replay"),
+        pytest.param("nvlink-errors", {"code": 1}, "True", "GPUDegraded",
+                     "gpu5: 201 NVLink errors in the last minute", id="nvlink-errors"),
+        pytest.param("nvlink-down", {"code": 1}, "False", "GPUUnhealthy",
+                     "gpu5: NVLink down: link 1", id="nvlink-down"),
+        pytest.param("nvml-error", {}, "True", "GPUDegraded",
+                     "gpu5: NVML error: nvmlDeviceGetPowerUsage on GPU 5 failed", id="nvml-error"),
+        pytest.param("lost", {}, "False", "GPULost", "gpu5: GPU lost", id="lost"),
+    ],
+)  # fmt: skip
+def test_node_condition_per_fault_kind(
+    make_rig: MakeRig,
+    api_server: KubeAPIServer,
+    tmp_path: Path,
+    kind: str,
+    kwargs: dict[str, Any],
+    status: str,
+    reason: str,
+    message: str,
+) -> None:
+    rig = make_rig("dgx-h100")
+    reporter = make_reporter(rig, api_server, tmp_path)
+    reporter.report_once()
+    rig.control.inject(kind, 5, **kwargs)
+    rig.pump()
+    reporter.report_once()
+    cond = condition(api_server)
+    assert cond is not None
+    assert (cond["status"], cond["reason"]) == (status, reason)
+    assert message in cond["message"]
+    action = rig.gpu(5).action
+    if action != "none":
+        assert f"(action: {action})" in cond["message"]
+    assert "stability" in cond["message"]
+    assert "gpu4" not in cond["message"]  # only the faulty GPU is named
+    # The label carries the worst device state, the same fact as the condition.
+    labels = stored(api_server)["metadata"]["labels"]
+    assert labels["nodeagent.io/gpu-health"] == rig.gpu(5).state.value

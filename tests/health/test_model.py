@@ -1,4 +1,7 @@
-"""Every fault kind through the simulator's fault injection -> state, reason and action."""
+"""The health model: recovery, holds, operator overrides, MIG scope, score and persistence.
+
+Every signal -> state, reason and action is in test_signals.py.
+"""
 
 from __future__ import annotations
 
@@ -14,98 +17,6 @@ from nodeagent.health.source import HealthState
 from tests.health.conftest import MakeRig
 
 H = HealthState
-
-
-@pytest.mark.parametrize(
-    ("preset", "kind", "kwargs", "state", "reason", "action"),
-    [
-        pytest.param("dgx-h100", "xid", {"code": 13}, H.HEALTHY, "xid 13",
-                     "restart the application", id="xid-13-app"),
-        pytest.param("dgx-h100", "xid", {"code": 46}, H.UNHEALTHY, "xid 46",
-                     "reset the GPU", id="xid-46-timeout"),
-        pytest.param("dgx-h100", "xid", {"code": 119}, H.UNHEALTHY, "GSP RPC timeout",
-                     "reset the GPU", id="xid-119-gsp"),
-        pytest.param("dgx-h100", "xid", {"code": 999}, H.UNHEALTHY, "not in the catalog",
-                     "drain and investigate", id="xid-unknown"),
-        pytest.param("dgx-h100", "ecc-dbe", {}, H.UNHEALTHY, "uncorrectable ECC error",
-                     "drain and investigate", id="ecc-dbe"),
-        pytest.param("t4", "ecc-dbe", {}, H.UNHEALTHY, "retired pages pending",
-                     "drain and investigate", id="ecc-dbe-page-retirement"),
-        pytest.param("dgx-h100", "remap-pending", {}, H.UNHEALTHY, "row remap pending",
-                     "reset the GPU", id="remap-pending"),
-        pytest.param("dgx-h100", "remap-failure", {}, H.UNHEALTHY, "row remapping failed",
-                     "drain and investigate", id="remap-failure"),
-        pytest.param("dgx-h100", "thermal", {}, H.DEGRADED, "slowdown", "none",
-                     id="thermal"),
-        pytest.param("dgx-h100", "nvlink-down", {"code": 3}, H.UNHEALTHY, "NVLink down: link 3",
-                     "drain and investigate", id="nvlink-down"),
-        pytest.param("dgx-h100", "lost", {}, H.LOST, "GPU lost", "reboot the node", id="lost"),
-    ],
-)  # fmt: skip
-def test_fault_kinds(
-    make_rig: MakeRig,
-    preset: str,
-    kind: str,
-    kwargs: dict[str, Any],
-    state: H,
-    reason: str,
-    action: str,
-) -> None:
-    rig = make_rig(preset)
-    assert rig.gpu(0).state is H.HEALTHY
-    rig.control.inject(kind, 0, **kwargs)
-    rig.pump()
-    health = rig.gpu(0)
-    assert health.state is state
-    assert any(reason in r for r in health.reasons), health.reasons
-    assert health.action == action
-    # The neighbour is untouched.
-    if len(rig.uuids) > 1:
-        assert rig.gpu(1).state is H.HEALTHY
-
-
-def test_thermal_reports_temperature_too(make_rig: MakeRig) -> None:
-    rig = make_rig("dgx-h100")
-    rig.control.inject("thermal", 2)
-    rig.pump()
-    reasons = " | ".join(rig.gpu(2).reasons)
-    assert "thermal slowdown" in reasons
-    assert "slowdown threshold" in reasons
-
-
-@pytest.mark.parametrize(
-    ("expected", "injected", "reason"),
-    [
-        pytest.param("570.0.0", None, "differs from the pool's expected 570.0.0", id="expected"),
-        pytest.param(None, "580.1.2", "", id="changed without expectation: no fault"),
-    ],
-)
-def test_driver_version(
-    make_rig: MakeRig, expected: str | None, injected: str | None, reason: str
-) -> None:
-    rig = make_rig("dgx-h100")
-    rig.model.checks.expected_driver = expected
-    if injected:
-        rig.control.inject("driver", 0, version=injected)
-    rig.pump()
-    health = rig.gpu(0)
-    if reason:
-        assert health.state is H.DEGRADED
-        assert any(reason in r for r in health.reasons)
-    else:
-        assert health.state is H.HEALTHY
-
-
-def test_sbe_storm_degrades_and_single_sbe_does_not(make_rig: MakeRig) -> None:
-    rig = make_rig("dgx-h100", ecc_sbe_threshold=5)
-    rig.control.inject("ecc-sbe", 0)
-    rig.pump()
-    assert rig.gpu(0).state is H.HEALTHY
-    for _ in range(5):
-        rig.control.inject("ecc-sbe", 0)
-    rig.pump()
-    assert rig.gpu(0).state is H.DEGRADED
-    assert "corrected ECC errors" in rig.gpu(0).reasons[0]
 
 
 def test_recovery_only_after_the_quiet_period(make_rig: MakeRig) -> None:
