@@ -14,6 +14,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from nodeagent.config.loader import ConfigError
+from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.errors import DriverNotLoaded, GpuError
 from nodeagent.gpu.node import GpuNode, open_node
 
@@ -40,6 +42,20 @@ StateDirOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", envvar="NODEAGENT_CONFIG", help="Agent config file."),
+]
+AgentStateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--agent-state-dir",
+        envvar="NODEAGENT_STATE_DIR",
+        help="The agent's state directory (default: state_dir in the config; with --simulate "
+        "and --state-dir, STATE_DIR/agent like `nodeagent run`).",
+        show_default=False,
+    ),
+]
 
 
 def fail(cause: str, hint: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -56,6 +72,25 @@ def fail_config(exc: Exception) -> NoReturn:
         sys.stderr.write(f"error: {line}\n")
     sys.stderr.write("hint: fix the file; `docs/config.md` lists every field and its default\n")
     raise typer.Exit(EXIT_USAGE)
+
+
+def agent_state_dir(
+    explicit: Path | None, simulate: str | None, sim_state: Path | None, config: Path | None
+) -> Path:
+    """Where a running agent keeps its state, resolved the way ``nodeagent run`` chooses it."""
+    if explicit is not None:
+        return explicit
+    if simulate and sim_state is not None:
+        return sim_state / "agent"
+    return load_config_or_exit(config).state_dir
+
+
+def load_config_or_exit(config: Path | None) -> AgentConfig:
+    """The agent config (file, env, defaults), or exit 2 listing every problem."""
+    try:
+        return load_agent_config(config)
+    except (ConfigError, ValueError) as exc:
+        fail_config(exc)
 
 
 def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
@@ -77,13 +112,17 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def print_table(headers: list[str], rows: list[list[str]]) -> None:
-    """Print an aligned plain-text table (no colours, so output pipes cleanly)."""
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """An aligned plain-text table (no colours, so output pipes cleanly), newline-terminated."""
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    sys.stdout.write(line.rstrip() + "\n")
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for row in rows:
-        cells = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
-        sys.stdout.write(cells.rstrip() + "\n")
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """Print :func:`format_table` on stdout."""
+    sys.stdout.write(format_table(headers, rows))

@@ -12,43 +12,31 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
+    AgentStateDirOption,
+    ConfigOption,
     JsonOption,
     SimulateOption,
     StateDirOption,
     emit_json,
     fail,
-    fail_config,
+    load_config_or_exit,
     open_node_or_exit,
     print_table,
 )
-from nodeagent.config.loader import ConfigError
-from nodeagent.config.schema import load_agent_config
+from nodeagent.cli.common import (
+    agent_state_dir as resolve_agent_state,
+)
 from nodeagent.health.model import HealthModel
 from nodeagent.health.report import history_path, read_status, status_path, to_json
 
 app = typer.Typer(help="GPU health, reasons, recommended actions and node stability.")
-
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", envvar="NODEAGENT_CONFIG", help="Agent config file."),
-]
-AgentStateDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--agent-state-dir",
-        envvar="NODEAGENT_STATE_DIR",
-        help="The agent's state directory (default: state_dir in the config; with --simulate "
-        "and --state-dir, STATE_DIR/agent like `nodeagent run`).",
-        show_default=False,
-    ),
-]
 
 
 def _pid_alive(pid: object) -> bool:
@@ -75,7 +63,7 @@ def _evaluate(
     simulate: str, sim_state: Path | None, agent_state: Path, config: Path | None
 ) -> dict[str, Any]:
     """Check the node once: one snapshot through the model, history read but not written."""
-    cfg = _load_config(config)
+    cfg = load_config_or_exit(config)
     node = open_node_or_exit(simulate, sim_state)
     try:
         model = HealthModel(
@@ -90,13 +78,6 @@ def _evaluate(
         node.close()
     data["source"] = "evaluated"
     return data
-
-
-def _load_config(config: Path | None) -> Any:
-    try:
-        return load_agent_config(config)
-    except (ConfigError, ValueError) as exc:
-        fail_config(exc)
 
 
 def _print(data: dict[str, Any]) -> None:
@@ -128,12 +109,7 @@ def health(
     config: ConfigOption = None,
 ) -> None:
     """Show each GPU's health state, reasons and action, and the node's stability score."""
-    if agent_state_dir is not None:
-        agent_state = agent_state_dir
-    elif simulate and state_dir is not None:
-        agent_state = state_dir / "agent"
-    else:
-        agent_state = _load_config(config).state_dir
+    agent_state = resolve_agent_state(agent_state_dir, simulate, state_dir, config)
     try:
         data = read_status(agent_state)
     except ValueError as exc:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from nodeagent import __version__
-from nodeagent.cli import gpus, install, run
+from nodeagent.cli import gpus, install, run, status
 from nodeagent.cli.health import app as health_app
 from nodeagent.cli.mig import app as mig_app
 from nodeagent.cli.sim import app as sim_app
@@ -41,6 +41,7 @@ def main_callback(
 app.command("gpus")(gpus.gpus)
 app.command("topo")(gpus.topo)
 app.command("run")(run.run)
+app.command("status")(status.status)
 app.command("install-systemd")(install.install_systemd)
 app.add_typer(health_app, name="health", help="GPU health, reasons, actions and node stability.")
 app.add_typer(mig_app, name="mig", help="MIG layouts: plan, apply, assert, show, export.")
