@@ -1,5 +1,6 @@
-"""Shared setup for the health benchmarks: a simulated agent (sampler + health) and a stand-in
-API server on loopback, all in this process, the way ``nodeagent run --simulate`` composes them.
+"""Shared setup for the health benchmarks: a simulated agent (sampler + health, optionally the
+device plugin with a test kubelet) composed the way ``nodeagent run --simulate`` does, flagging a
+stand-in API server on loopback: in this process, or one already running elsewhere (``api_url``).
 """
 
 from __future__ import annotations
@@ -7,23 +8,32 @@ from __future__ import annotations
 import statistics
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
+from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig, NodeSection
 from nodeagent.gpu.node import GpuNode, open_node
 from nodeagent.health.component import HealthComponent, build_component
 from nodeagent.health.model import HealthModel
-from tests.support.kubeapi import KubeAPIServer, make_node
 
+if TYPE_CHECKING:  # imported where used, so the storm benchmark's RSS carries no gRPC
+    from device_plugin.component import DevicePluginComponent
+    from tests.device_plugin.kubelet import TestKubelet
+    from tests.support.kubeapi import KubeAPIServer
+
+REPO = Path(__file__).parents[1]
 NODE = "bench-node"
 PRESET = "dgx-h100"
+RESOURCE = "nvidia.com/gpu"  # what the device plugin advertises for whole GPUs (MIG off)
 
 
 @dataclass
@@ -34,41 +44,94 @@ class Agent:
     ctx: AgentContext
     model: HealthModel
     component: HealthComponent
-    api: KubeAPIServer
+    api: KubeAPIServer | None  # None when the stand-in runs in another process
+    kubelet: TestKubelet | None = None
+    device_plugin: DevicePluginComponent | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def patches_sent(self) -> int:
+        """Node and status PATCHes the agent's reporter has sent."""
+        patcher = self.component.reporter.patcher
+        return 0 if patcher is None else patcher.patches_sent
 
     def close(self) -> None:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
-        self.api.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.api is not None:
+            self.api.stop()
         self.node.close()
 
 
-def start_agent(tmp: Path, health: HealthSection, sample_interval_s: float = 1.0) -> Agent:
-    """Sampler and health component on threads, flagging a stand-in API server."""
-    api = KubeAPIServer().start()
-    api.put("nodes", make_node(NODE, {"kubernetes.io/hostname": NODE}, gpu_healthy=None))
+def start_agent(
+    tmp: Path,
+    health: HealthSection,
+    sample_interval_s: float = 1.0,
+    *,
+    api_url: str | None = None,
+    node_name: str = NODE,
+    device_plugin: bool = False,
+) -> Agent:
+    """Sampler and health component on threads, flagging a stand-in API server.
+
+    Without ``api_url`` the stand-in runs in this process (``Agent.api``); with it, the node
+    ``node_name`` must already exist there. ``device_plugin`` adds the real device plugin
+    component, registered with a test kubelet in ``tmp`` (devices recover without a quiet period,
+    so benchmark rounds can repeat on the same GPU).
+    """
+    api = None
+    if api_url is None:
+        from tests.support.kubeapi import KubeAPIServer, make_node
+
+        api = KubeAPIServer().start()
+        api.put("nodes", make_node(node_name, {"kubernetes.io/hostname": node_name},
+                                   gpu_healthy=None))  # fmt: skip
+        api_url = api.url
+    kubelet = None
+    plugin = DevicePluginSection(enabled=False)
+    if device_plugin:
+        from tests.device_plugin.kubelet import TestKubelet
+
+        kubelet = TestKubelet(tmp / "kubelet")
+        kubelet.start()
+        plugin = DevicePluginSection(kubelet_dir=kubelet.directory, health_recovery_quiet_s=0.0)
     node = open_node(simulate=PRESET, state_dir=tmp / "sim")
     cfg = AgentConfig(
-        node=NodeSection(name=NODE),
+        node=NodeSection(name=node_name),
         state_dir=tmp / "agent",
         health=health,
-        kubernetes=KubernetesSection(enabled=True, api_server=api.url),
+        kubernetes=KubernetesSection(enabled=True, api_server=api_url),
+        device_plugin=plugin,
     )
     ctx = AgentContext(cfg, node, cfg.state_dir)
-    component = build_component(ctx)
+    component = build_component(ctx)  # sets ctx.health, which the device plugin follows
     assert component is not None
     assert isinstance(ctx.health, HealthModel)
-    agent = Agent(node, ctx, ctx.health, component, api)
+    dp = None
+    if device_plugin:
+        from device_plugin.component import build_component as build_device_plugin
+
+        dp = build_device_plugin(ctx)
+    agent = Agent(node, ctx, ctx.health, component, api, kubelet, dp)
     sampler = Sampler(node, ctx.snapshots, sample_interval_s)
-    for target in (sampler.run, component.run):
+    targets = [sampler.run, component.run] + ([dp.run] if dp is not None else [])
+    for target in targets:
         t = threading.Thread(target=target, args=(agent.stop,), daemon=True)
         t.start()
         agent.threads.append(t)
-    if not api.wait_for(lambda s: condition_status(s) is not None, timeout_s=10):
-        raise SystemExit("the agent never patched the stand-in API server")
+    deadline = time.monotonic() + 10
+    while agent.patches_sent == 0:
+        if time.monotonic() > deadline:
+            agent.close()
+            raise SystemExit("the agent never patched the stand-in API server")
+        time.sleep(0.02)
+    if kubelet is not None and not kubelet.wait(lambda: RESOURCE in kubelet.plugins, 10):
+        agent.close()
+        raise SystemExit("the device plugin never registered with the test kubelet")
     return agent
 
 

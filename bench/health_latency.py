@@ -1,19 +1,25 @@
-"""From an injected XID to the health event and to the node-condition patch.
+"""From an injected XID to the health event, the device plugin's device list and the node-condition
+patch.
 
 Run: ``python bench/health_latency.py [--count N]``. Prints medians and p99 per leg.
 
-The agent (sampler + health component, simulate mode) runs in this process and flags a stand-in
-API server on loopback. Each round injects XID 62 on the next GPU through the simulator's control
-API (a write to the shared state file, as ``nodeagent sim inject`` does) and measures:
+The agent (sampler + health component + the real device plugin component, simulate mode) runs in
+this process; the device plugin is registered with a test kubelet (a real gRPC Registration
+server that keeps a ListAndWatch stream open, as the kubelet does) and the health reporter flags
+a stand-in API server on loopback. Each round injects XID 62 on the next GPU through the
+simulator's control API (a write to the shared state file, as ``nodeagent sim inject`` does) and
+measures:
 
-- ``xid -> health event``: until the model's transition reaches a subscriber (what the device
-  plugin hears), through the real event path (NVML event set -> event thread -> model);
+- ``xid -> health event``: until the model's transition reaches a subscriber, through the real
+  event path (NVML event set -> event thread -> model);
+- ``xid -> device plugin device list``: until the test kubelet receives the re-sent
+  ListAndWatch message with that GPU Unhealthy;
 - ``xid -> node condition patch``: until the stand-in API server receives the status PATCH
   with ``GPUHealthy=False``.
 
 Baselines measured in the same run: the simulator's own event delivery (inject -> a bare event
-set returns it) and one PATCH round trip through the kubernetes client. More legs (the device
-plugin's re-sent ListAndWatch) plug into ``extra`` in ``main``.
+set returns it), one PATCH round trip through the kubernetes client, and per round the device
+plugin's own share (health event -> device list).
 """
 
 from __future__ import annotations
@@ -24,17 +30,33 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from health_common import NODE, Agent, condition_status, p99, print_table, row, start_agent
+from health_common import (
+    NODE,
+    RESOURCE,
+    Agent,
+    condition_status,
+    p99,
+    print_table,
+    row,
+    start_agent,
+)
 
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.health.source import HealthState, HealthTransition
 from nodeagent.kube.node import STRATEGIC, make_api
 from nodeagent.sim.control import SimControl
+from tests.support.kubeapi import KubeAPIServer
 
 TARGET_P99_S = 0.200
 HOLD_S = 0.2  # fault hold in this benchmark, seconds
+
+
+def _api(agent: Agent) -> KubeAPIServer:
+    assert agent.api is not None  # this benchmark runs the stand-in in-process
+    return agent.api
 
 
 def baseline_event(agent: Agent, control: SimControl, rounds: int) -> list[float]:
@@ -55,7 +77,7 @@ def baseline_event(agent: Agent, control: SimControl, rounds: int) -> list[float
 
 def baseline_patch(agent: Agent, rounds: int) -> list[float]:
     """One strategic-merge PATCH round trip through the kubernetes client."""
-    api = make_api(KubernetesSection(enabled=True, api_server=agent.api.url))
+    api = make_api(KubernetesSection(enabled=True, api_server=_api(agent).url))
     out = []
     for i in range(rounds):
         t0 = time.perf_counter()
@@ -73,7 +95,9 @@ def main() -> None:
     # fault before it expires); the score is not under test here.
     health = HealthSection(recovery_quiet_s=0.0, fatal_hold_s=HOLD_S, flap_transitions=100_000)
     with tempfile.TemporaryDirectory() as tmp:
-        agent = start_agent(Path(tmp), health)
+        agent = start_agent(Path(tmp), health, device_plugin=True)
+        api, kubelet = _api(agent), agent.kubelet
+        assert kubelet is not None
         control = SimControl(Path(tmp) / "sim")
         arrived: dict[int, float] = {}
         got = threading.Condition()
@@ -85,39 +109,62 @@ def main() -> None:
                     got.notify_all()
 
         uuids = {info.uuid: info.index for info in agent.node.inventory()}
+        by_index = {i: u for u, i in uuids.items()}
         agent.model.subscribe(on_transition)
         legs: dict[str, list[float]] = {
             "xid -> health event": [],
+            "xid -> device plugin device list": [],
             "xid -> node condition patch": [],
         }
-        # Extra legs, called as leg(t0, gpu) after the others, e.g. the device plugin's re-sent
-        # ListAndWatch once a test kubelet is wired in here.
-        extra: list[Callable[[float, int], None]] = []
+        plugin_share: list[float] = []
+
+        def device_is(uuid: str, health: str) -> Callable[[dict[str, Any]], bool]:
+            return lambda devices: devices.get(uuid, ("",))[0] == health
+
         try:
             for i in range(args.count):
                 gpu = i % 8
-                seen = len(agent.api.requests)
-                t0 = time.perf_counter()
+                uuid = by_index[gpu]
+                seen = len(api.requests)
+                lists_seen = len(kubelet.plugins[RESOURCE].lists)
+                # The kubelet stamps lists with time.monotonic(), the stand-in with
+                # time.perf_counter(): take both at the injection.
+                t0, t0_mono = time.perf_counter(), time.monotonic()
                 control.inject("xid", gpu, code=62)
                 with got:
                     if not got.wait_for(lambda g=gpu: g in arrived, timeout=5):  # type: ignore[misc]
                         raise SystemExit(f"round {i}: no health event within 5 s")
-                    legs["xid -> health event"].append(arrived.pop(gpu) - t0)
+                    event_s = arrived.pop(gpu) - t0
+                legs["xid -> health event"].append(event_s)
+
+                def listed(start: int = lists_seen, u: str = uuid) -> bool:
+                    view = kubelet.plugins.get(RESOURCE)
+                    return view is not None and any(
+                        d.get(u, ("",))[0] == "Unhealthy" for _, d in view.lists[start:]
+                    )
+
+                if not kubelet.wait(listed, timeout_s=5):
+                    raise SystemExit(f"round {i}: no Unhealthy device list within 5 s")
+                first_list = next(
+                    t for t, d in kubelet.plugins[RESOURCE].lists[lists_seen:]
+                    if d.get(uuid, ("",))[0] == "Unhealthy"
+                )  # fmt: skip
+                legs["xid -> device plugin device list"].append(first_list - t0_mono)
+                plugin_share.append(first_list - t0_mono - event_s)
 
                 def patched(s: object, start: int = seen) -> bool:
-                    return any(_is_false_status(r) for r in agent.api.requests[start:])
+                    return any(_is_false_status(r) for r in api.requests[start:])
 
-                if not agent.api.wait_for(patched, timeout_s=5):
+                if not api.wait_for(patched, timeout_s=5):
                     raise SystemExit(f"round {i}: no condition patch within 5 s")
-                first = next(r for r in agent.api.requests[seen:] if _is_false_status(r))
+                first = next(r for r in api.requests[seen:] if _is_false_status(r))
                 legs["xid -> node condition patch"].append(first.received_s - t0)
-                for leg in extra:
-                    leg(t0, gpu)
-                # Let the GPU recover and the condition return to True.
+                # Let the GPU recover: the condition returns to True, the device to Healthy.
                 time.sleep(max(0.0, HOLD_S - (time.perf_counter() - t0)) + 0.01)
                 agent.model.tick()
-                if not agent.api.wait_for(lambda s: condition_status(s) == "True"):
+                if not api.wait_for(lambda s: condition_status(s) == "True"):
                     raise SystemExit(f"round {i}: the node never recovered")
+                kubelet.wait_devices(RESOURCE, device_is(uuid, "Healthy"))
             base_event = baseline_event(agent, control, 30)
             base_patch = baseline_patch(agent, 30)
         finally:
@@ -125,6 +172,7 @@ def main() -> None:
     rows = [row(name, values) for name, values in legs.items()]
     rows.append(row("baseline: sim event delivery", base_event))
     rows.append(row("baseline: one PATCH round trip", base_patch))
+    rows.append(row("baseline: health event -> device list (plugin share)", plugin_share))
     print_table(["leg", "n", "median ms", "p99 ms", "max ms"], rows)
     worst = max(p99(v) for v in legs.values())
     verdict = "meets" if worst < TARGET_P99_S else "MISSES"
