@@ -172,6 +172,11 @@ def _profile(
     )
 
 
+def unknown_gpu_id(index: int) -> str:
+    """The identifier of a GPU whose UUID could not be read (it was lost before)."""
+    return f"GPU-unknown-index-{index}"
+
+
 class EventWatcher:
     """An NVML event set registered for XID and ECC events on every GPU that supports them."""
 
@@ -1094,7 +1099,9 @@ class GpuNode:
         static = self._static_cache.get(index)
         return GpuInfo(
             index=index,
-            uuid=static.uuid if static else "",
+            # A GPU lost before this process ever read it cannot say who it is; a stable
+            # stand-in keyed by index keeps it visible (health, metrics) instead of dropped.
+            uuid=static.uuid if static else unknown_gpu_id(index),
             name=static.name if static else "unknown",
             serial=static.serial if static else None,
             pci_bus_id=static.pci_bus_id if static else "",

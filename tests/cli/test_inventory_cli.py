@@ -93,3 +93,16 @@ def test_unknown_preset_names_the_presets(tmp_path: Path) -> None:
     assert "dgx-z900" in result.stderr
     assert "dgx-h100" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_health_once_reports_a_gpu_lost_before_it_was_ever_read(tmp_path: Path) -> None:
+    SimControl(tmp_path).reset("dgx-h100")
+    SimControl(tmp_path).inject("lost", 5)
+    result = nodeagent("health", "--json", "--simulate", "dgx-h100", "--state-dir", str(tmp_path))
+    assert result.returncode == 1, result.stderr  # a lost GPU is a failure found
+    data = json.loads(result.stdout)
+    assert data["health"] == "lost"
+    gpu5 = next(d for d in data["devices"] if d["gpu"] == 5)
+    assert gpu5["state"] == "lost"
+    assert gpu5["uuid"] == "GPU-unknown-index-5"
+    assert len([d for d in data["devices"] if d["parent"] is None]) == 8
