@@ -96,10 +96,18 @@ class DevicePluginComponent:
             return
         self.manager = manager
         layout = device_layout(snapshot)
+        generation = -1  # compare once at the first tick: a snapshot may have come meanwhile
         try:
             while not stop.wait(POLL_S):
                 with self._lock:
                     pending, self._pending_config = self._pending_config, None
+                # The layout changes only with a new snapshot (once a second), while this loop
+                # ticks every 50 ms for kubelet restarts: compare layouts only when one arrived.
+                new_generation = self.ctx.snapshots.generation
+                if pending is None and new_generation == generation:
+                    manager.tick()
+                    continue
+                generation = new_generation
                 latest = self.ctx.snapshots.latest or snapshot
                 new_layout = device_layout(latest)
                 if pending is not None or new_layout != layout:
