@@ -285,7 +285,7 @@ def breakdown_child(state_dir: Path, socket_path: Path, port: int) -> None:
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
     stop = threading.Event()
-    sampler = Sampler(node, ctx.snapshots, config.sampler.interval_s)
+    sampler = Sampler(node, ctx.snapshots, config.sampler)
     threading.Thread(target=sampler.run, args=(stop,), daemon=True).start()
     exporter.run(stop)
 

@@ -20,7 +20,7 @@ from nodeagent.agent.sampler import Sampler
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.config.schema import AgentConfig, NodeSection
+from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode, open_node
 from nodeagent.health.component import HealthComponent, build_component
 from nodeagent.health.model import HealthModel
@@ -117,7 +117,7 @@ def start_agent(
 
         dp = build_device_plugin(ctx)
     agent = Agent(node, ctx, ctx.health, component, api, kubelet, dp)
-    sampler = Sampler(node, ctx.snapshots, sample_interval_s)
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=sample_interval_s))
     targets = [sampler.run, component.run] + ([dp.run] if dp is not None else [])
     for target in targets:
         t = threading.Thread(target=target, args=(agent.stop,), daemon=True)

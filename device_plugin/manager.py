@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-POLL_S = 0.05  # directory checks: a kubelet restart is noticed within this
+POLL_S = 0.2  # directory checks: a kubelet restart is noticed within this (re-register < 1 s)
 REGISTER_TIMEOUT_S = 2.0
 VANISH_DELIVERY_S = 1.0  # how long a vanished resource waits for its zero-device list to go out
 

@@ -22,7 +22,7 @@ ComponentFactory = Callable[[AgentContext], Component | None]
 
 
 def _sampler(ctx: AgentContext) -> Component:
-    return Sampler(ctx.node, ctx.snapshots, ctx.config.sampler.interval_s)
+    return Sampler(ctx.node, ctx.snapshots, ctx.config.sampler)
 
 
 FACTORIES: list[ComponentFactory] = [

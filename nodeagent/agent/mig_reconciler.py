@@ -102,11 +102,13 @@ class MigReconciler:
             self.reconcile_once()
             self._ready.set()
             # A layout that is not yet fully applied (reset required, busy instance) is retried
-            # every RETRY_S; an applied one only on reload. Waiting on ``stop`` in short steps
-            # keeps shutdown prompt while a reload can still wake us.
+            # every RETRY_S; an applied one only on reload.
             deadline = time.monotonic() + RETRY_S
             while not self._wake.is_set() and time.monotonic() < deadline:
-                if stop.wait(0.1):
+                # One wake-up a second: reload and retry come through _wake, and shutdown is
+                # noticed within a second (the agent allows 10 s to stop).
+                self._wake.wait(1.0)
+                if stop.is_set():
                     return
             self._wake.clear()
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 from nodeagent.agent.snapshots import SnapshotStore
+from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 
 log = logging.getLogger(__name__)
@@ -21,11 +22,17 @@ class Sampler:
 
     name = "sampler"
 
-    def __init__(self, node: GpuNode, store: SnapshotStore, interval_s: float) -> None:
+    def __init__(self, node: GpuNode, store: SnapshotStore, config: SamplerSection) -> None:
         self._node = node
         self._store = store
-        self.interval_s = interval_s
+        self.interval_s = config.interval_s
+        node.nvlink_counters_interval_s = config.nvlink_counters_interval_s
         self._ready = threading.Event()
+
+    def reload(self, config: AgentConfig) -> None:
+        """Take a new pace (SIGHUP); the next wait already uses it."""
+        self.interval_s = config.sampler.interval_s
+        self._node.nvlink_counters_interval_s = config.sampler.nvlink_counters_interval_s
 
     @property
     def ready(self) -> bool:

@@ -41,10 +41,16 @@ class SamplerSection:
     """The sampler thread that reads NVML into one snapshot."""
 
     interval_s: float = 1.0  # seconds between samples; health checks and metrics use this pace
+    nvlink_counters_interval_s: float = 10.0  # NVLink error counters are read this often
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_s <= 3600:
             raise ValueError(f"interval_s must be between 0.05 and 3600, got {self.interval_s}")
+        if not 0 <= self.nvlink_counters_interval_s <= 3600:
+            raise ValueError(
+                "nvlink_counters_interval_s must be between 0 and 3600, "
+                f"got {self.nvlink_counters_interval_s}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

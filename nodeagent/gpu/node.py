@@ -281,6 +281,11 @@ class GpuNode:
         self._topology: dict[tuple[int, int], Link] | None = None
         self._clock_reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._processes_fn = "nvmlDeviceGetComputeRunningProcesses_v3"
+        # NVLink error counters are 3 NVML calls per link (54 per H100 each sample); they are
+        # read at most this often and carried forward in between. Link state is read every
+        # sample, so a link going down is seen at once. 0 reads them on every sample.
+        self.nvlink_counters_interval_s = 0.0
+        self._nvlink_counters: dict[int, tuple[float, dict[int, tuple[int | None, ...]]]] = {}
         self._closed = False
         try:
             nvml.nvmlInit()
@@ -1012,11 +1017,19 @@ class GpuNode:
         recovery = self._const("NVML_NVLINK_ERROR_DL_RECOVERY", 1)
         crc_flit = self._const("NVML_NVLINK_ERROR_DL_CRC_FLIT", 2)
         statuses: list[NvLinkStatus] = []
+        now = time.monotonic()
+        read_at, cached = self._nvlink_counters.get(index, (-1.0, {}))
+        fresh = read_at < 0 or now - read_at >= self.nvlink_counters_interval_s
+        if fresh:
+            cached = {}
+            for link in links:
+                cached[link] = tuple(
+                    self._optional("nvmlDeviceGetNvLinkErrorCounter", handle, link, c, gpu=index)
+                    for c in (replay, recovery, crc_flit)
+                )
+            self._nvlink_counters[index] = (now, cached)
         for link in links:
-            counters = [
-                self._optional("nvmlDeviceGetNvLinkErrorCounter", handle, link, c, gpu=index)
-                for c in (replay, recovery, crc_flit)
-            ]
+            counters = cached.get(link, (None, None, None))
             active = self._optional("nvmlDeviceGetNvLinkState", handle, link, gpu=index)
             statuses.append(
                 NvLinkStatus(

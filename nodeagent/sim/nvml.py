@@ -26,13 +26,13 @@ import pynvml
 
 from nodeagent.sim import models, ops, presets, telemetry
 from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
+from nodeagent.sim.watch import ChangeWaiter
 
 # Handle address layout: magic (4 bits) | kind (4) | gpu (8) | gi (8) | ci (8) | serial (24).
 _MAGIC = 0x5
 _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET = 1, 2, 3, 4, 5
 _SERIAL_MASK = (1 << 24) - 1
 
-EVENT_POLL_S = 0.004  # nvmlEventSetWait polls the state this often: events arrive within ~10 ms
 
 SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
@@ -168,11 +168,11 @@ class SimNvml:
         return value
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _state(self) -> State:
+    def _state(self, *, fresh: bool = False) -> State:
         if self._init_count <= 0:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         try:
-            return self.store.read()
+            return self.store.read(fresh=fresh)
         except SimStateError:
             raise _err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED) from None
 
@@ -720,7 +720,12 @@ class SimNvml:
         with self._lock:
             set_id = self._next_event_set
             self._next_event_set += 1
-            self._event_sets[set_id] = {"devices": {}, "last_seq": int(state["event_seq"])}
+            self._event_sets[set_id] = {
+                "devices": {},
+                "last_seq": int(state["event_seq"]),
+                # Armed now, so no event written after this call can slip past a wait.
+                "waiter": ChangeWaiter(self.store.state_dir),
+            }
         address = _encode(_KIND_EVENTSET, serial=set_id)
         return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlEventSet_t)
 
@@ -748,16 +753,19 @@ class SimNvml:
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
         """Wait for the next registered event; NVMLError(TIMEOUT) when none arrives in time."""
         registered = self._event_set(eventSet)
+        waiter: ChangeWaiter = registered["waiter"]
         deadline = time.monotonic() + max(0, timeoutms) / 1000.0
         while True:
-            state = self._state()
+            waiter.drain()  # before the check: a write after it wakes the wait below
+            state = self._state(fresh=True)  # a wake-up means the file changed: look now
             found = self._next_event(state, registered)
             if found is not None:
                 return found
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _err(pynvml.NVML_ERROR_TIMEOUT)
-            time.sleep(min(EVENT_POLL_S, remaining))
+            # Sleeps until the state file changes, as the real call sleeps in the driver.
+            waiter.wait(remaining)
 
     def _next_event(self, state: State, registered: dict[str, Any]) -> Any:
         devices: dict[int, int] = registered["devices"]
@@ -788,8 +796,10 @@ class SimNvml:
         """Release an event set."""
         _, _, _, _, set_id = self._decode(eventSet, _KIND_EVENTSET)
         with self._lock:
-            if self._event_sets.pop(set_id, None) is None:
+            registered = self._event_sets.pop(set_id, None)
+            if registered is None:
                 raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            registered["waiter"].close()
 
     # --- MIG mode ---------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:

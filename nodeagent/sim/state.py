@@ -24,6 +24,10 @@ from nodeagent.sim import presets
 STATE_FILE = "state.json"
 LOCK_FILE = "state.json.lock"
 SCHEMA_VERSION = 1
+STAT_TTL_S = 0.002  # reads within this long of the last stat trust it (see read())
+# Writes made through any store of this process, by state file: a store whose cache predates
+# the latest local write re-reads at once instead of trusting its stat cache.
+_LOCAL_WRITES: dict[str, int] = {}
 MAX_EVENTS = 1000  # the event queue keeps the newest events; older ones are dropped
 
 State = dict[str, Any]
@@ -81,24 +85,43 @@ class StateStore:
         self._mutex = threading.RLock()
         self._cached: State | None = None
         self._stamp: tuple[int, int, int] | None = None
+        self._checked_at = -1.0  # monotonic time of the last stat
+        self._seen_writes = 0  # _LOCAL_WRITES[path] when the cache was last checked
+        self._key = os.path.abspath(self.path)
 
     # --- reading ------------------------------------------------------------------------------
     def exists(self) -> bool:
         """Whether the directory already holds a node."""
         return self.path.exists()
 
-    def read(self) -> State:
+    def read(self, *, fresh: bool = False) -> State:
         """The current state; re-parsed only when the file changed since the last read.
 
         Callers must treat the result as read-only: it is shared with other readers.
+        ``fresh`` skips the short stat cache (after a change notification).
         Raises SimStateError when there is no state file or it cannot be parsed.
         """
+        now = time.monotonic()
+        with self._mutex:
+            # One agent pass makes ~1,000 NVML calls within a few milliseconds: one stat per
+            # STAT_TTL_S serves them all. Another process's change is seen at most that late;
+            # this process's own writes drop the cache at once.
+            local_writes = _LOCAL_WRITES.get(self._key, 0)
+            if (
+                not fresh
+                and self._cached is not None
+                and now - self._checked_at < STAT_TTL_S
+                and local_writes == self._seen_writes
+            ):
+                return self._cached
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             raise SimStateError(f"no simulated node in {self.state_dir}") from None
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         with self._mutex:
+            self._checked_at = now
+            self._seen_writes = local_writes
             if self._cached is not None and stamp == self._stamp:
                 return self._cached
             state = self._load()
@@ -156,6 +179,7 @@ class StateStore:
         with self._mutex:
             # The next read() re-stats and reloads; drop the cache so it cannot be reused.
             self._cached, self._stamp = None, None
+            _LOCAL_WRITES[self._key] = _LOCAL_WRITES.get(self._key, 0) + 1
 
 
 def append_event(state: State, event: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from device_plugin import component as device_plugin_component
 from exporters.component import MetricsExporter
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
+from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.source import HealthState
 from tests.device_plugin.conftest import make_config
@@ -76,7 +77,7 @@ def test_advertised_comes_from_the_plugin_without_pod_resources(
     kubelet = TestKubelet(short_dir / "kubelet")
     if with_kubelet:
         kubelet.start()
-    sampler = Sampler(node, ctx.snapshots, 1.0)
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
     stop = threading.Event()
     threads = [
         threading.Thread(target=c.run, args=(stop,), daemon=True) for c in (plugin, exporter)

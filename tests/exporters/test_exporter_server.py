@@ -20,7 +20,7 @@ from exporters.server import MetricsServer, TlsFiles, parse_address
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
-from nodeagent.config.schema import AgentConfig
+from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import parse_samples, value
@@ -207,7 +207,7 @@ def test_component_renders_each_snapshot_once_and_serves_it(
     ctx = AgentContext(config=config, node=node, state_dir=tmp_path)
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
-    sampler = Sampler(node, ctx.snapshots, 1.0)
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
     stop = threading.Event()
     thread = threading.Thread(target=exporter.run, args=(stop,))
     thread.start()

@@ -29,7 +29,7 @@ from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.config.schema import AgentConfig, NodeSection
+from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.component import build_component as build_health
 from nodeagent.sim.control import SimControl
@@ -155,7 +155,7 @@ def agent(
     assert ctx.health is not None
     exporter = build_component(ctx)
     assert isinstance(exporter, MetricsExporter)
-    sampler = Sampler(node, ctx.snapshots, 0.5)
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=0.5))
     stop = threading.Event()
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, health, exporter)]
     for t in threads:

@@ -15,7 +15,7 @@ from nodeagent.agent.sampler import Sampler
 from nodeagent.cli.health import app
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.config.schema import AgentConfig, NodeSection
+from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.component import build_component
 from nodeagent.health.model import HealthModel
@@ -71,7 +71,7 @@ def test_agent_flags_an_injected_xid(
     assert isinstance(ctx.health, HealthModel)  # set in the factory, before run
     seen: list[HealthTransition] = []
     ctx.health.subscribe(seen.append)
-    sampler = Sampler(node, ctx.snapshots, 0.05)
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=0.05))
     stop = threading.Event()
     threads = [
         threading.Thread(target=sampler.run, args=(stop,), daemon=True),
