@@ -6,13 +6,16 @@ whole stack use ``make_node`` from the top-level conftest instead.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from nodeagent.gpu.node import open_node
 from nodeagent.gpu.types import (
     ComputeInstance,
     EccCounts,
@@ -22,7 +25,6 @@ from nodeagent.gpu.types import (
     Link,
     LinkKind,
     MigGeometry,
-    MigProfile,
     NodeSnapshot,
     NvLinkStatus,
     Placement,
@@ -33,38 +35,20 @@ from nodeagent.gpu.types import (
 
 GIB = 1 << 30
 
-# H100-SXM5-80GB GPU-instance profiles: name, profile id, nvml index, slices, g, max, starts.
-_H100 = (
-    ("1g.10gb", 19, 0x0, 1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.10gb+me", 20, 0x7, 1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    ("1g.20gb", 15, 0x9, 2, 1, 4, (0, 2, 4, 6)),
-    ("2g.20gb", 14, 0x1, 2, 2, 3, (0, 2, 4)),
-    ("3g.40gb", 9, 0x2, 4, 3, 2, (0, 4)),
-    ("4g.40gb", 5, 0x3, 4, 4, 1, (0,)),
-    ("7g.80gb", 0, 0x4, 8, 7, 1, (0,)),
-)
-H100_GEOMETRY = MigGeometry(
-    model="NVIDIA H100 80GB HBM3",
-    memory_slices=8,
-    profiles=tuple(
-        MigProfile(
-            name=name,
-            profile_id=pid,
-            nvml_index=idx,
-            slices=slices,
-            compute_slices=g,
-            multiprocessors=16 * g,
-            memory_bytes=slices * 10 * GIB,
-            max_count=maxc,
-            copy_engines=g,
-            decoders=0,
-            jpeg_decoders=0,
-            ofa=0,
-            placements=tuple(Placement(s, slices) for s in starts),
-        )
-        for name, pid, idx, slices, g, maxc, starts in _H100
-    ),
-)
+
+def _simulated_h100_geometry() -> MigGeometry:
+    """The H100-80GB MIG geometry as the simulator reports it through the GPU layer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        node = open_node(simulate="dgx-h100", state_dir=Path(tmp))
+        try:
+            geometry = node.mig_geometry(0)
+        finally:
+            node.close()
+    assert geometry is not None
+    return geometry
+
+
+H100_GEOMETRY = _simulated_h100_geometry()
 
 
 def gpu_uuid(index: int) -> str:
