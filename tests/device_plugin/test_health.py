@@ -125,7 +125,7 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
     longer than that, but a path that is slow by design (a poll period, a lost wake-up falling
     back to a timeout) is slow in most rounds and fails the median. Every round must still stay
     under a generous bound, so a single hang is caught too. A round normally takes ~5 ms (see
-    docs/benchmarks-device-plugin.md).
+    docs/benchmarks.md).
     """
     plugin = run_plugin(
         "dgx-h100",
