@@ -341,8 +341,22 @@ class GpuNode:
             raise self._translate(exc, function, gpu) from exc
 
     def _optional(self, function: str, *args: Any, gpu: int | None = None) -> Any:
-        """Like :meth:`_call`, but a reading the device does not offer is ``None``."""
-        return self._attempt(function, *args, gpu=gpu, expected=errors.ABSENT_CODES)[0]
+        """Like :meth:`_call`, but a reading the device does not offer is ``None``.
+
+        While a telemetry sample is taken (``_soft_errors`` active), a reading that fails for
+        another reason is also ``None`` and its error is noted: one broken sensor must not
+        blank every other reading of the GPU. A lost GPU still raises.
+        """
+        try:
+            return self._attempt(function, *args, gpu=gpu, expected=errors.ABSENT_CODES)[0]
+        except GpuLost:
+            raise
+        except GpuError as exc:
+            soft: list[str] | None = getattr(self._pass, "soft_errors", None)
+            if soft is None:
+                raise
+            soft.append(str(exc))
+            return None
 
     def _try(self, function: str, *args: Any, gpu: int | None = None) -> bool:
         """Run a call whose NOT_SUPPORTED just means "skip": True when it succeeded."""
@@ -1134,9 +1148,20 @@ class GpuNode:
         try:
             info = self._info(index, driver, cuda)
             processes = self._processes(index)
-            telemetry = self._telemetry(index, processes)
+            self._pass.soft_errors = []
+            try:
+                telemetry = self._telemetry(index, processes)
+                failed_readings: list[str] = self._pass.soft_errors
+            finally:
+                self._pass.soft_errors = None
             instances = self._read_instances(index, processes, info.mig_enabled)
-            return GpuState(info=info, telemetry=telemetry, mig_instances=instances)
+            return GpuState(
+                info=info,
+                telemetry=telemetry,
+                mig_instances=instances,
+                # The readings that failed are None in the telemetry; the error says which.
+                error="; ".join(failed_readings) if failed_readings else None,
+            )
         except GpuLost as exc:
             info = self._unreadable_info(index, driver, cuda)
             return GpuState(info=info, telemetry=None, mig_instances=(), lost=True, error=str(exc))

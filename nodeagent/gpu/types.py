@@ -252,13 +252,17 @@ class GpuEvent:
 
 @dataclass(frozen=True, slots=True)
 class GpuState:
-    """Everything sampled from one GPU in one pass; ``lost`` GPUs carry only ``info``."""
+    """Everything sampled from one GPU in one pass; ``lost`` GPUs carry only ``info``.
+
+    ``error`` says what went wrong: why a lost GPU is lost, why there is no telemetry, or which
+    readings failed (those are ``None`` in ``telemetry``, the rest were read).
+    """
 
     info: GpuInfo
     telemetry: Telemetry | None
     mig_instances: tuple[GpuInstance, ...]
     lost: bool = False
-    error: str | None = None  # the error that made the GPU unreadable, when lost
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,3 +273,23 @@ def test_xid_on_mig_device_is_attributed(h100: GpuNode, control: SimControl) -> 
     assert (event.kind, event.data) == (EventKind.XID, 43)
     assert event.gpu_instance_id == gi.instance_id
     assert event.compute_instance_id == gi.compute_instances[0].instance_id
+
+
+def test_one_failing_reading_leaves_the_others_and_says_which(make_node, sim_state_dir) -> None:
+    from nodeagent.sim.control import SimControl
+
+    node = make_node("dgx-h100")
+    SimControl(sim_state_dir).inject("nvml-error", 2, code=10, function="nvmlDeviceGetPowerUsage")
+    snapshot = node.snapshot()
+    gpu = snapshot.gpus[2]
+    assert not gpu.lost
+    assert gpu.telemetry is not None
+    assert gpu.telemetry.power_watts is None  # the broken reading
+    assert gpu.telemetry.temperature_celsius is not None  # the rest still read
+    assert gpu.telemetry.memory_used_bytes >= 0
+    assert gpu.error is not None
+    assert "nvmlDeviceGetPowerUsage" in gpu.error
+    assert snapshot.nvml_errors.get("nvmlDeviceGetPowerUsage") == 1
+    assert snapshot.gpus[1].error is None  # other GPUs unaffected
+    assert snapshot.gpus[1].telemetry is not None
+    assert snapshot.gpus[1].telemetry.power_watts is not None
