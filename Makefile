@@ -15,10 +15,13 @@ $(BIN)/nodeagent: pyproject.toml
 	touch $@
 
 # Run the agent on a simulated node: every component, metrics on http://127.0.0.1:9475/metrics.
+# There is no kubelet here: the device plugin serves its sockets in $(DEMO_DIR)/kubelet and
+# retries registration quietly, and pod attribution (the kubelet's pod-resources API) is off.
 demo: $(BIN)/nodeagent
 	mkdir -p $(DEMO_DIR)/kubelet
-	$(BIN)/nodeagent run --simulate $(PRESET) --state-dir $(DEMO_DIR)/sim \
-		--kubelet-dir $(DEMO_DIR)/kubelet --metrics-address 127.0.0.1:9475
+	NODEAGENT_METRICS_POD_ATTRIBUTION=false $(BIN)/nodeagent run --simulate $(PRESET) \
+		--state-dir $(DEMO_DIR)/sim --kubelet-dir $(DEMO_DIR)/kubelet \
+		--metrics-address 127.0.0.1:9475
 
 test: $(BIN)/nodeagent
 	$(BIN)/python -m pytest -q
