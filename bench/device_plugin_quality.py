@@ -4,7 +4,9 @@ Run: ``python bench/device_plugin_quality.py [--patterns N]``. For random availa
 sizes and must_include sets, compares in the same run: the plugin's choice, the exhaustive
 optimum (every set, every split of the remainder), and naive first-N (the lowest available
 indices plus must_include). Scores are NVIDIA's best-effort link scores; "total" is the chosen
-set's score plus the best split of the remaining GPUs into groups of the same size.
+set's score plus the best split of the remaining GPUs into groups of the same size. The optimum
+and every score come from the independent reference in ``tests/device_plugin/optimum.py``, which
+shares no code with the plugin's search.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 
 from device_plugin_common import table
 
-from device_plugin.allocation import ScoreTable, exhaustive_best, objective, preferred_gpus
+from device_plugin.allocation import ScoreTable, preferred_gpus
 from nodeagent.gpu.node import open_node
 from nodeagent.sim.presets import preset_names
+from tests.device_plugin.optimum import Reference
 
 
 def first_n(available: list[int], must: list[int], size: int) -> list[int]:
@@ -36,13 +39,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--patterns", type=int, default=200)
     args = parser.parse_args()
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for preset in preset_names():
         node = open_node(simulate=preset, state_dir=Path(tempfile.mkdtemp()) / preset)
         snapshot = node.snapshot()
         node.close()
         numa = {g.info.index: g.info.numa_node for g in snapshot.gpus}
         tbl = ScoreTable.from_topology(snapshot.topology, numa)
+        reference = Reference.from_snapshot(snapshot)
         gpus = sorted(numa)
         if len(gpus) < 2:
             rows.append((preset, 0, "-", "-", "-", "-", "-", "-"))
@@ -54,9 +58,9 @@ def main() -> None:
             available = sorted(rng.sample(gpus, rng.randint(2, len(gpus))))
             size = rng.randint(1, len(available) - 1) if len(available) > 1 else 1
             must = rng.sample(available, rng.randint(0, min(size, 1)))
-            ours = objective(tbl, available, preferred_gpus(tbl, available, must, size), size)
-            naive = objective(tbl, available, first_n(available, must, size), size)
-            best = exhaustive_best(tbl, available, must, size)
+            ours = reference.score(available, preferred_gpus(tbl, available, must, size), size)
+            naive = reference.score(available, first_n(available, must, size), size)
+            best = reference.optimum(available, must, size)
             equal += ours[:2] == best[:2]
             naive_equal += naive[0] == best[0]
             ours_own.append(ours[1])

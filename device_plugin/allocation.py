@@ -149,16 +149,6 @@ def _greedy(table: ScoreTable, free: list[int], must: list[int], size: int) -> l
     return sorted(chosen)
 
 
-def objective(
-    table: ScoreTable, available: Sequence[int], chosen: Sequence[int], size: int
-) -> tuple[int, int, int]:
-    """(total, score of the chosen set, best score of the remainder), for comparisons."""
-    remaining = [g for g in available if g not in set(chosen)]
-    own = table.set_score(sorted(chosen))
-    rest = table.best_partition(remaining, size)
-    return own + rest, own, rest
-
-
 def preferred_replicas(
     devices: Mapping[str, PluginDevice],
     available: Sequence[str],
@@ -205,31 +195,3 @@ def preferred_replicas(
         chosen.append(pick)
         taken[gpu] = taken.get(gpu, 0) + 1
     return chosen
-
-
-def exhaustive_best(
-    table: ScoreTable, available: Sequence[int], must_include: Sequence[int], size: int
-) -> tuple[int, int, int]:
-    """The optimum objective by brute force, for tests and benchmarks (small nodes only).
-
-    Independent of the DP: every chosen set, and every ordering of the remainder cut into
-    groups of ``size`` (the last group shorter), are tried.
-    """
-    avail = sorted(set(available))
-    if len(avail) > 10:
-        raise ValueError("exhaustive_best is for at most 10 GPUs")
-    best: tuple[int, int, int] | None = None
-    free = [g for g in avail if g not in set(must_include)]
-    for extra in itertools.combinations(free, size - len(set(must_include))):
-        chosen = sorted({*must_include, *extra})
-        remaining = [g for g in avail if g not in chosen]
-        rest = 0
-        for order in itertools.permutations(remaining):
-            groups = [order[i : i + size] for i in range(0, len(order), size)]
-            rest = max(rest, sum(table.set_score(g) for g in groups))
-        own = table.set_score(chosen)
-        candidate = (own + rest, own, rest)
-        if best is None or candidate[:2] > best[:2]:
-            best = candidate
-    assert best is not None
-    return best

@@ -102,13 +102,6 @@ class HealthTracker:
             self._on_change()
         return recovered
 
-    def next_deadline(self) -> float | None:
-        """Clock time of the next possible recovery, or None."""
-        with self._lock:
-            if not self._clear_since:
-                return None
-            return min(self._clear_since.values()) + self.quiet_s
-
     def reason(self, *uuids: str) -> str | None:
         """Why the first unhealthy of ``uuids`` is unhealthy, or None when all are healthy."""
         with self._lock:

@@ -72,11 +72,6 @@ class Resource:
         return {d.id: d for d in self.devices}
 
 
-def physical_id(device_id: str) -> str:
-    """The UUID behind an advertised ID (drops a `::<n>` replica suffix)."""
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
-
-
 def mig_resource_name(profile: str) -> str:
     """NVIDIA's mixed-strategy name of a MIG profile: `nvidia.com/mig-1g.10gb` (`+` -> `.`)."""
     return f"{RESOURCE_PREFIX}mig-{profile.replace('+', '.')}"
@@ -208,11 +203,6 @@ def _check_single(gpus: list[GpuState]) -> None:
             f"mig_strategy single needs one MIG profile on the node, found "
             f"{', '.join(sorted(profiles))} (use mig_strategy mixed)"
         )
-
-
-def resources_differ(old: Resource | None, new: Resource | None) -> bool:
-    """Whether a resource must be re-served: its devices or their sharing changed."""
-    return old != new
 
 
 def summarize(resources: Mapping[str, Resource]) -> str:

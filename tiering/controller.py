@@ -97,12 +97,6 @@ class Controller:
             return False
         return self.elector is None or self.elector.is_leader()
 
-    def reset_breaker(self) -> None:
-        """Close the breaker (operator action); transitions before now no longer count."""
-        self.breaker = BreakerState(reset_s=self.clock.now())
-        if self.elector is not None:
-            self.elector.set_breaker(self.breaker)
-
     # one pass
 
     def reconcile_once(self) -> Plan:

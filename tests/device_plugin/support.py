@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.types import Placement
 from nodeagent.health.source import DeviceHealth, HealthState, HealthTransition
 
 
@@ -52,7 +53,7 @@ def enable_mig(node: GpuNode, layout: Mapping[int, list[str]]) -> None:
             node.reset_gpu(index)
         geometry = node.mig_geometry(index)
         assert geometry is not None
-        used: list = []
+        used: list[Placement] = []
         for name in profiles:
             profile = geometry.profile(name)
             assert profile is not None, name

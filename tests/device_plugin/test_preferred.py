@@ -7,15 +7,10 @@ import random
 import grpc
 import pytest
 
-from device_plugin.allocation import (
-    ScoreTable,
-    exhaustive_best,
-    objective,
-    pair_score,
-    preferred_gpus,
-)
+from device_plugin.allocation import ScoreTable, pair_score, preferred_gpus
 from nodeagent.gpu.types import Link, LinkKind
 from nodeagent.sim.presets import preset_names
+from tests.device_plugin.optimum import Reference
 
 
 @pytest.mark.parametrize(
@@ -33,11 +28,28 @@ def test_pair_scores_follow_nvidias_best_effort_policy(link, numa, score) -> Non
     assert pair_score(link, *numa) == score
 
 
+def test_reference_scores_a_hand_worked_node() -> None:
+    # Two PIX pairs (0+1, 2+3) across one NUMA node, and GPU 3 NVLinked to 2 (NV4).
+    pix, node = Link(LinkKind.PCIE_SINGLE), Link(LinkKind.NODE)
+    topology = {(0, 1): pix, (2, 3): Link(LinkKind.NVLINK, 4), (0, 2): node, (0, 3): node}
+    topology |= {(1, 2): node, (1, 3): node}
+    reference = Reference.from_topology(topology, {0: 0, 1: 0, 2: 0, 3: 0})
+    # 2+3 score 4 * 100 + 20 (same CPU); leaving 0+1 (50) behind.
+    assert reference.optimum([0, 1, 2, 3], [], 2) == (470, 420, 50)
+    # must_include 1 can only pair with 0 and still leave 2+3 together.
+    assert reference.optimum([0, 1, 2, 3], [1], 2) == (470, 50, 420)
+    # Size 3: {0, 2, 3} = 20 + 20 + 420; the lone GPU left scores nothing.
+    assert reference.optimum([0, 1, 2, 3], [], 3) == (460, 460, 0)
+    # Taking 1+2 strands 0 and 3 across the NODE path: 20 + 20.
+    assert reference.score([0, 1, 2, 3], [1, 2], 2) == (40, 20, 20)
+
+
 @pytest.mark.parametrize("preset", [p for p in preset_names() if p != "t4"])
 def test_choice_equals_the_exhaustive_optimum_on_every_preset(make_node, preset) -> None:
     snapshot = make_node(preset).snapshot()
     numa = {g.info.index: g.info.numa_node for g in snapshot.gpus}
     table = ScoreTable.from_topology(snapshot.topology, numa)
+    reference = Reference.from_snapshot(snapshot)  # shares nothing with the plugin's scoring
     rng = random.Random(preset)
     gpus = sorted(numa)
     for _ in range(12):
@@ -47,10 +59,8 @@ def test_choice_equals_the_exhaustive_optimum_on_every_preset(make_node, preset)
         chosen = preferred_gpus(table, available, must, size)
         assert set(must) <= set(chosen) <= set(available)
         assert len(chosen) == size
-        assert (
-            objective(table, available, chosen, size)[:2]
-            == exhaustive_best(table, available, must, size)[:2]
-        )
+        best = reference.optimum(available, must, size)
+        assert reference.score(available, chosen, size)[:2] == best[:2], (available, must, size)
 
 
 def test_pcie_pairs_are_kept_together(run_plugin) -> None:
