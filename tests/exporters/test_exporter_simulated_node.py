@@ -1,0 +1,199 @@
+"""Every metric family on a simulated dgx-h100 with MIG, through the real components.
+
+The hand-built snapshot in test_exporter_render.py pins exact values; this test proves the
+catalog is reachable on a simulated node: a MIG layout applied by the MIG applier, the real
+health model fed by the sampler and the GPU event watcher (with an injected XID and a failing
+NVML function), the real device plugin registered with the test kubelet, and pod attribution
+from a test pod-resources server. A family outside ``ABSENT_ON_H100`` that is not scraped fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+import exporters
+from device_plugin import component as device_plugin_component
+from device_plugin.api.podresources.v1 import api_pb2_grpc
+from exporters.catalog import CATALOG
+from exporters.component import MetricsExporter
+from mig.apply import reconcile
+from mig.config import parse_config
+from nodeagent.agent.component import AgentContext
+from nodeagent.agent.sampler import Sampler
+from nodeagent.agent.supervisor import Supervisor
+from nodeagent.config.schema import SamplerSection
+from nodeagent.gpu.node import GpuNode
+from nodeagent.health import component as health_component
+from nodeagent.sim.control import SimControl
+from tests.device_plugin.conftest import make_config
+from tests.device_plugin.kubelet import TestKubelet
+from tests.exporters.exporter_factories import FakeKubelet, Samples, parse_samples, value
+from tests.exporters.test_exporter_server import get
+
+# Families that cannot appear on this hardware, and why. Anything else missing is a failure.
+ABSENT_ON_H100 = {
+    # H100 replaces bad memory rows (row remapping); page retirement is NOT_SUPPORTED there,
+    # so NVML has no retired-page counts to report (A100 and H100 alike; pre-Ampere GPUs only).
+    "nodeagent_gpu_retired_pages_total",
+    "nodeagent_gpu_retired_pages_pending",
+}
+MIG_GPUS = (0, 1, 2, 3)  # all-balanced; GPUs 4-7 stay whole (free whole-GPU capacity metrics)
+# The default file's all-balanced for H100-80GB on the MIG GPUs only.
+LAYOUT = """
+version: v1
+mig-configs:
+  half-balanced:
+    - devices: [0, 1, 2, 3]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    - devices: [4, 5, 6, 7]
+      mig-enabled: false
+"""
+XID_GPU, XID = 5, 48  # a double-bit ECC error on a whole GPU
+NVML_ERROR_GPU, NVML_FUNCTION = 6, "nvmlDeviceGetPowerUsage"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="exp-sim-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def pod_resources(short_dir: Path) -> Iterator[tuple[FakeKubelet, Path]]:
+    """A test pod-resources server on a unix socket."""
+    servicer = FakeKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    socket = short_dir / "pod-resources.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    yield servicer, socket
+    server.stop(None)
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    pause = threading.Event()
+    for _ in range(int(timeout_s / 0.02)):
+        if cond():
+            return True
+        pause.wait(0.02)
+    return cond()
+
+
+def test_every_family_is_scraped_from_a_simulated_mig_node(
+    make_node: Callable[..., GpuNode],
+    sim_state_dir: Path,
+    short_dir: Path,
+    pod_resources: tuple[FakeKubelet, Path],
+) -> None:
+    node = make_node("dgx-h100")
+    sim = SimControl(sim_state_dir)
+    # Half the node in MIG through the MIG applier (the agent's entry point), half whole.
+    layout = parse_config(LAYOUT)
+    report = reconcile(node, layout, "half-balanced", state_dir=short_dir / "mig", allow_reset=True)
+    assert report.ok, report.to_dict()
+    snapshot = node.snapshot()
+    mig_gpus = [g for g in snapshot.gpus if g.info.mig_enabled]
+    assert [g.info.index for g in mig_gpus] == list(MIG_GPUS)
+    busy = next(i.uuid for i in mig_gpus[0].mig_instances if i.profile == "1g.10gb")
+    assert busy is not None
+    sim.add_process(0, mig_uuid=busy)  # a busy MIG instance and a process
+
+    servicer, socket = pod_resources
+    config = make_config(
+        {
+            "device_plugin": {"kubelet_dir": str(short_dir / "kubelet"), "mig_strategy": "mixed"},
+            "metrics": {
+                "address": "127.0.0.1:0",
+                "pod_resources_socket": str(socket),
+                "pod_resources_interval_s": 1.0,  # the pods are listed after the poller starts
+            },
+            "pools": {"default": {"expected_driver_version": snapshot.driver_version}},
+        }
+    )
+    ctx = AgentContext(config, node, short_dir / "state")
+    # The agent's factory order: health sets ctx.health, then the plugin, then the exporter.
+    health = health_component.build_component(ctx)
+    plugin = device_plugin_component.build_component(ctx)
+    exporter = exporters.build_component(ctx)
+    assert health is not None
+    assert plugin is not None
+    assert isinstance(exporter, MetricsExporter)
+    kubelet = TestKubelet(short_dir / "kubelet")
+    kubelet.start()
+    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
+    # Run as the agent does: under the supervisor, which counts restarts for the exporter.
+    supervisor = Supervisor(ctx.restarts)
+    for component in (health, plugin, exporter):
+        supervisor.start(component)
+    try:
+        sampler.sample_once()  # the plugin starts from the first snapshot
+        assert _wait(lambda: health.ready), "the health component never became ready"
+        mig_resource = "nvidia.com/mig-1g.10gb"
+        listed = kubelet.wait_devices(mig_resource, lambda d: len(d) == 2 * len(MIG_GPUS))
+        whole = kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8 - len(MIG_GPUS))
+        # Pods hold one MIG device (the busy one) and one whole GPU, as the kubelet lists them.
+        assert busy in listed
+        servicer.allocatable = {mig_resource: sorted(listed), "nvidia.com/gpu": sorted(whole)}
+        servicer.pods = [
+            ("infer-0", "web", "server", mig_resource, [busy]),
+            ("train-0", "ml", "main", "nvidia.com/gpu", [sorted(whole)[0]]),
+        ]
+
+        sim.inject("xid", XID_GPU, code=XID)
+        sim.inject("nvml-error", NVML_ERROR_GPU, code=10, function=NVML_FUNCTION)
+        xid_gpu = snapshot.gpus[XID_GPU].info.uuid
+        failing = snapshot.gpus[NVML_ERROR_GPU].info.uuid
+
+        def scrape() -> Samples:
+            assert exporter.server is not None
+            return parse_samples(get(exporter.server.port, "/metrics")[2].decode())
+
+        seen: list[Samples] = []
+
+        def settled() -> bool:
+            # Sample until the XID, the NVML error and the pods have all reached the exporter.
+            sampler.sample_once()
+            _wait(lambda: exporter.latest is not None, 1.0)
+            seen.append(scrape())
+            samples = seen[-1]
+            return (
+                value(samples, "nodeagent_gpu_xid_errors_total", uuid=xid_gpu, xid=str(XID)) == 1.0
+                and value(samples, "nodeagent_pod_resources_up") == 1.0
+                and value(samples, "nodeagent_device_plugin_pod_devices", pod="infer-0") is not None
+                and (value(samples, "nodeagent_nvml_errors_total", function=NVML_FUNCTION) or 0)
+                >= 1
+                and value(samples, "nodeagent_gpu_health_state", uuid=failing, state="degraded")
+                == 1.0
+            )
+
+        assert _wait(settled), sorted({n for n, _ in seen[-1]}) if seen else "no scrape"
+        samples = seen[-1]
+        emitted = {name for name, _ in samples}
+        # A counter's samples carry the _total suffix the catalog names include.
+        missing = set(CATALOG) - emitted - ABSENT_ON_H100
+        assert missing == set(), f"families not scraped from the simulated node: {missing}"
+        # The exemptions must stay honest: each one is really absent here.
+        assert ABSENT_ON_H100 & emitted == set(), "a family listed as absent is present"
+        assert set(CATALOG) >= ABSENT_ON_H100, "the absent list names unknown families"
+        # The injected faults are what the families report, not just present.
+        assert value(samples, "nodeagent_gpu_health_state", uuid=xid_gpu, state="healthy") == 0.0
+        assert value(samples, "nodeagent_gpu_power_watts", uuid=failing) is None
+        assert value(samples, "nodeagent_node_stability_level", level="stable") == 0.0
+        for name in ("health", "device-plugin", "metrics"):  # nothing crashed
+            restarts = value(samples, "nodeagent_component_restarts_total", component=name)
+            assert restarts == 0.0, (name, restarts)
+    finally:
+        assert supervisor.stop(10.0) == []
+        kubelet.stop()
