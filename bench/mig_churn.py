@@ -17,15 +17,17 @@ served
    disturbed running instance;
 3. else it is rejected: no GPU has room for it in any layout.
 
-Policies: nodeagent (``mig.planner``'s capacity-preserving choice: the placement whose GPU
-loses the least future capacity, largest profiles first, then the fuller GPU), lowest-free-slot
-first-fit, and the driver-default heuristic the simulator models (size-1 profiles take slot 6
-when free, else the lowest free slot; others the highest free legal placement), both on the
-lowest-numbered GPU where the profile fits.
+Policies: nodeagent (``mig.planner.place_on_node``: the placement whose GPU loses the least
+future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
+the driver-default heuristic the simulator implements (``nodeagent.sim.ops.default_start``:
+size-1 profiles take slot 6 when free, else the lowest free slot; others the highest free legal
+placement), both on the lowest-numbered GPU where the profile fits.
 
 Reported per trace: the share of served requests served without disturbing running instances
 (in place), instances disturbed, the share rejected, and the mean fragmentation ratio over GPUs
-and time (docs/mig.md).
+and time (docs/mig.md). Then the fragmentation over time: the node's mean fragmentation ratio
+sampled at each request, as p50/p90/p99/max per policy, pooled over models and seeds, per
+offered load and overall.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ from mig.planner import (
     check_layout,
     fragmentation_ratio,
     memory_slices_of,
+    place_on_node,
     plan_gpu,
 )
 from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent.sim.ops import default_start
 
 GPUS = 8
 HOLD = 10.0  # mean holding time of an instance
@@ -85,41 +89,24 @@ def first_fit(geometry: MigGeometry, node: list[Gpu], profile: str) -> tuple[int
 def driver_default(
     geometry: MigGeometry, node: list[Gpu], profile: str
 ) -> tuple[int, Placement] | None:
-    """The simulator's model of ``nvmlDeviceCreateGpuInstance`` without a placement."""
+    """The simulator's model of ``nvmlDeviceCreateGpuInstance`` without a placement
+    (``nodeagent.sim.ops.default_start``) on the lowest-numbered GPU where the profile fits."""
     prof = geometry.profile(profile)
     assert prof is not None
-    last = max(prof.placements, key=lambda p: p.start)
+    starts = [pl.start for pl in prof.placements]
     for g, gpu in enumerate(node):
-        room = _room(geometry, gpu, profile)
-        if not room:
+        if not _room(geometry, gpu, profile):
             continue
-        if memory_slices_of(prof) == 1:
-            return g, last if last in room else room[0]
-        return g, room[-1]
+        start = default_start(
+            starts, memory_slices_of(prof), [(i.placement.start, i.placement.size) for i in gpu]
+        )
+        assert start is not None  # _room found a free legal placement
+        return g, next(pl for pl in prof.placements if pl.start == start)
     return None
 
 
-def nodeagent(geometry: MigGeometry, node: list[Gpu], profile: str) -> tuple[int, Placement] | None:
-    """The placement whose GPU loses the least capacity (largest profiles first); on ties the
-    fuller GPU (packing), then the lowest GPU and start."""
-    best: tuple[tuple[object, ...], int, Placement] | None = None
-    for g, gpu in enumerate(node):
-        room = _room(geometry, gpu, profile)
-        if not room:
-            continue
-        before = capacity_key(geometry, gpu)
-        used = sum(i.placement.size for i in gpu)
-        for pl in room:
-            after = capacity_key(geometry, [*gpu, NewInstance(profile, pl)])
-            loss = tuple(b - a for b, a in zip(before, after, strict=True))
-            key = (loss, -used, g, pl.start)
-            if best is None or key < best[0]:
-                best = (key, g, pl)
-    return None if best is None else (best[1], best[2])
-
-
 RULES: dict[str, Rule] = {
-    "nodeagent": nodeagent,
+    "nodeagent": place_on_node,
     "first-fit": first_fit,
     "driver-default": driver_default,
 }
@@ -214,7 +201,8 @@ class Outcome:
     in_place_share: float  # served in place / served
     disturbed: int  # running instances moved by reconfigurations
     rejected_share: float
-    fragmentation: float
+    fragmentation: float  # mean of ``over_time``
+    over_time: list[float]  # the node's mean fragmentation ratio at each request
 
 
 def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
@@ -260,7 +248,14 @@ def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
         disturbed,
         rejected / max(asked, 1),
         statistics.fmean(frag),
+        frag,
     )
+
+
+def _quantiles(samples: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """Nearest-rank quantiles of ``samples`` (q = 1.0 is the maximum)."""
+    ordered = sorted(samples)
+    return [ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))] for q in qs]
 
 
 def main() -> None:
@@ -280,6 +275,8 @@ def main() -> None:
     share: dict[str, list[float]] = {n: [] for n in names}
     moved: dict[str, int] = dict.fromkeys(names, 0)
     frag: dict[str, list[float]] = {n: [] for n in names}
+    # Every request's node-mean fragmentation, pooled over models and seeds: per load and overall.
+    over_time: dict[tuple[str, float | None], list[float]] = {}
     for m, (label, geometry) in enumerate(geometries().items()):
         for load in loads:
             for seed in range(args.seeds):
@@ -295,6 +292,8 @@ def main() -> None:
                     share[n].append(res[n].in_place_share)
                     moved[n] += res[n].disturbed
                     frag[n].append(res[n].fragmentation)
+                    over_time.setdefault((n, load), []).extend(res[n].over_time)
+                    over_time.setdefault((n, None), []).extend(res[n].over_time)
                 r = [res[n] for n in names]
                 print(
                     f"{label:<11} {load:>4.1f} {seed:>4} | {'':>9} "
@@ -319,6 +318,22 @@ def main() -> None:
     for base in ("first-fit", "driver-default"):
         ratio = moved[base] / max(moved["nodeagent"], 1)
         print(f"nodeagent disturbs {ratio:.1f}x fewer running instances than {base}")
+    print()
+    print(
+        "fragmentation over time: the node's mean fragmentation ratio at each request, "
+        "pooled over models and seeds"
+    )
+    print(
+        f"{'load':<5} | "
+        + " | ".join(f"{n:<14} {'p50':>5} {'p90':>5} {'p99':>5} {'max':>5}" for n in names)
+    )
+    rows: list[float | None] = [*loads, None]
+    for row in rows:
+        cells = []
+        for n in names:
+            q = _quantiles(over_time[n, row], (0.5, 0.9, 0.99, 1.0))
+            cells.append(f"{'':<14} " + " ".join(f"{v:>5.3f}" for v in q))
+        print(f"{'all' if row is None else f'{row:.1f}':<5} | " + " | ".join(cells))
 
 
 if __name__ == "__main__":

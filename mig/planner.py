@@ -14,6 +14,9 @@ Guarantees (each is tested):
 * **Fragmentation-aware.** Among plans with the fewest destroys, it picks the placements that
   leave the most future capacity: the vector of :func:`creatable` counts, compared largest
   profile first. Remaining ties go to the lowest start slices, so plans are deterministic.
+* **Online placement.** :func:`place_on_node` places one arriving instance on a running node
+  without moving anything: on the GPU and at the placement that lose the least future capacity,
+  then on the fuller GPU (the benchmark in bench/mig_churn.py measures this rule).
 
 Fragmentation measure: for a layout, ``creatable[p]`` is how many more instances of profile
 ``p`` alone could still be created in the free slices (bounded by the profile's max count).
@@ -422,25 +425,44 @@ def plan_gpu(
     )
 
 
-def place_one(
-    geometry: MigGeometry, instances: Iterable[Placed], profile: str
-) -> tuple[Placement, tuple[int, ...]] | None:
-    """Where one more ``profile`` instance should go, and the capacity vector afterwards.
+def place_on_node(
+    geometry: MigGeometry, gpus: Sequence[Iterable[Placed]], profile: str
+) -> tuple[int, Placement] | None:
+    """Where one more ``profile`` instance should go on a node: (GPU index, placement).
 
-    The online form of the planner (a request arriving on a running GPU): the free legal
-    placement that leaves the most capacity, lowest start on ties; ``None`` when none is free.
+    The planner's online form, for a request arriving on a running node: nothing moves, the new
+    instance takes a free legal placement on one of ``gpus`` (each GPU's instances; all GPUs of
+    ``geometry``'s model). The choice, in order:
+
+    1. the placement whose GPU loses the least future capacity: the drop in :func:`capacity_key`
+       counts, compared largest profile first (a 1g request goes where it does not cost a 7g);
+    2. the fuller GPU (most memory slices in use), which keeps emptier GPUs whole;
+    3. the lowest GPU index, then the lowest start slice, so the choice is deterministic.
+
+    ``None`` when no GPU has a free legal placement for the profile or every GPU already holds
+    its maximum count of it. Raises ValueError for a profile the model does not offer.
     """
     m = _model(geometry)
-    occ, counts = _occupancy(m, instances)
-    p = m.index[profile]
-    if counts[p] >= m.max_count[p]:
-        return None
-    best: tuple[Placement, tuple[int, ...]] | None = None
-    counts[p] += 1
-    for j, mk in enumerate(m.masks[p]):
-        if mk & occ:
+    p = m.index.get(profile)
+    if p is None:
+        raise ValueError(
+            f"{geometry.model} offers no profile {profile!r} (it offers {', '.join(m.names)})"
+        )
+    best: tuple[tuple[tuple[int, ...], int, int, int], int, Placement] | None = None
+    for g, instances in enumerate(gpus):
+        occ, counts = _occupancy(m, instances)
+        if counts[p] >= m.max_count[p]:
             continue
-        vec = _creatable_vec(m, occ | mk, counts)
-        if best is None or vec > best[1]:
-            best = (m.placements[p][j], vec)
-    return best
+        before = _creatable_vec(m, occ, counts)
+        used = occ.bit_count()
+        counts[p] += 1
+        for j, mk in enumerate(m.masks[p]):
+            if mk & occ:
+                continue
+            after = _creatable_vec(m, occ | mk, counts)
+            loss = tuple(b - a for b, a in zip(before, after, strict=True))
+            placement = m.placements[p][j]
+            key = (loss, -used, g, placement.start)
+            if best is None or key < best[0]:
+                best = (key, g, placement)
+    return None if best is None else (best[1], best[2])

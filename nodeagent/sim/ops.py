@@ -14,6 +14,7 @@ this documented heuristic, which reproduces every example in NVIDIA's MIG user g
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pynvml
@@ -190,14 +191,28 @@ def remaining_capacity(gpu: Gpu, profile: models.GiProfile) -> int:
     return max(0, min(fitting, profile.max_count - existing, by_compute))
 
 
-def pick_placement(gpu: Gpu, profile: models.GiProfile) -> int | None:
-    """The start ``nvmlDeviceCreateGpuInstance`` picks (module docstring), or ``None``."""
-    free = [s for s in profile.starts if _free(gpu, s, profile.slices)]
+def default_start(starts: Sequence[int], size: int, taken: Iterable[tuple[int, int]]) -> int | None:
+    """The start ``nvmlDeviceCreateGpuInstance`` picks without a placement (module docstring).
+
+    A pure function of the profile's legal ``starts`` (each ``size`` memory slices) and the
+    ``(start, size)`` of the instances already on the GPU; ``None`` when no legal start is free.
+    The profile's count and compute limits are the caller's to check. The churn benchmark
+    (bench/mig_churn.py) measures this heuristic as the driver-default baseline.
+    """
+    held = list(taken)
+    free = [s for s in sorted(starts) if not any(_overlaps(s, size, a, n) for a, n in held)]
     if not free:
         return None
-    if profile.slices == 1:
-        return profile.starts[-1] if profile.starts[-1] in free else free[0]
+    if size == 1:
+        last = max(starts)
+        return last if last in free else free[0]
     return free[-1]
+
+
+def pick_placement(gpu: Gpu, profile: models.GiProfile) -> int | None:
+    """The start ``nvmlDeviceCreateGpuInstance`` picks on ``gpu`` (:func:`default_start`)."""
+    taken = [(gi["start"], gi["size"]) for gi in gpu["instances"]]
+    return default_start(profile.starts, profile.slices, taken)
 
 
 def create_gpu_instance(

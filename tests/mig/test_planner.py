@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections import Counter
 
@@ -16,8 +17,9 @@ from mig.planner import (
     creatable,
     fragmentation_ratio,
     memory_slices_of,
-    place_one,
+    place_on_node,
     plan_gpu,
+    rank_order,
 )
 from nodeagent.gpu.types import MigGeometry, Placement
 
@@ -235,11 +237,89 @@ def test_creatable_counts(a100: MigGeometry) -> None:
     }
 
 
-def test_place_one_prefers_capacity(a100: MigGeometry) -> None:
-    where = place_one(a100, [inst("1g.5gb", 6, 1)], "1g.5gb")
-    assert where is not None
-    assert where[0] == Placement(4, 1)
-    assert place_one(a100, [inst("7g.40gb", 0, 8)], "1g.5gb") is None
+def slots(*spec: tuple[str, int, int]) -> list[Instance]:
+    """One GPU's instances from (profile, start, size) triples."""
+    return [inst(n, s, z) for n, s, z in spec]
+
+
+@pytest.mark.parametrize(
+    ("node", "profile", "expected"),
+    [
+        pytest.param([slots(("1g.5gb", 6, 1))], "1g.5gb", (0, Placement(4, 1)),
+                     id="next to the 1g, the 4g stays creatable"),
+        pytest.param([slots(("7g.40gb", 0, 8))], "1g.5gb", None, id="full GPU"),
+        pytest.param([slots(("7g.40gb", 0, 8)), []], "1g.5gb", (1, Placement(6, 1)),
+                     id="only the empty GPU has room; slot 6 keeps the 4g and a 3g"),
+        pytest.param([[], slots(("1g.5gb", 6, 1))], "1g.5gb", (1, Placement(4, 1)),
+                     id="the empty GPU keeps its 7g"),
+        pytest.param([slots(("1g.5gb", 6, 1)), slots(("2g.10gb", 0, 2))], "1g.5gb",
+                     (1, Placement(2, 1)), id="equal loss: the fuller GPU"),
+        pytest.param([slots(("2g.10gb", 0, 2)), slots(("1g.5gb", 6, 1))], "1g.5gb",
+                     (0, Placement(2, 1)), id="equal loss: the fuller GPU, not the index"),
+        pytest.param([slots(("3g.20gb", 4, 4))] * 3, "2g.10gb", (0, Placement(0, 2)),
+                     id="identical GPUs: lowest GPU and start"),
+        pytest.param([slots(("1g.5gb+me", 6, 1))] * 2, "1g.5gb+me", None,
+                     id="max count reached on every GPU"),
+    ],
+)  # fmt: skip
+def test_place_on_node(
+    a100: MigGeometry, node: list[list[Instance]], profile: str, expected: object
+) -> None:
+    assert place_on_node(a100, node, profile) == expected
+
+
+def test_place_on_node_unknown_profile(a100: MigGeometry) -> None:
+    with pytest.raises(ValueError, match=r"no profile '9g.99gb' \(it offers 7g.40gb, "):
+        place_on_node(a100, [[]], "9g.99gb")
+
+
+def _reference_choice(
+    geometry: MigGeometry, node: list[list[Instance]], profile: str
+) -> tuple[int, Placement] | None:
+    """The documented rule by exhaustion over the geometry's placements (no planner internals):
+    least capacity lost, largest profile first; then the fuller GPU; then GPU, then start."""
+    prof = geometry.profile(profile)
+    assert prof is not None
+    order = rank_order(geometry)
+    options: list[tuple[tuple[tuple[int, ...], int, int, int], int, Placement]] = []
+    for g, gpu in enumerate(node):
+        if sum(1 for i in gpu if i.profile == profile) >= prof.max_count:
+            continue
+        before = creatable(geometry, gpu)
+        for pl in prof.placements:
+            if any(pl.overlaps(i.placement) for i in gpu):
+                continue
+            after = creatable(geometry, [*gpu, inst(profile, pl.start, pl.size)])
+            loss = tuple(before[n] - after[n] for n in order)
+            used = sum(i.placement.size for i in gpu)
+            options.append(((loss, -used, g, pl.start), g, pl))
+    if not options:
+        return None
+    _, g, pl = min(options, key=lambda o: o[0])
+    return g, pl
+
+
+def test_place_on_node_follows_the_rule_under_churn(geometry: MigGeometry) -> None:
+    """Random arrivals and departures on a 4-GPU node: every choice is the rule's, legal, and
+    None exactly when no GPU has a free legal placement for the profile."""
+    rng = random.Random(7)
+    names = [p.name for p in geometry.profiles]
+    node: list[list[Instance]] = [[] for _ in range(4)]
+    placed = 0
+    for _ in range(300):
+        if rng.random() < 0.35 and any(node):
+            gpu = rng.choice([g for g in node if g])
+            gpu.remove(rng.choice(gpu))
+            continue
+        profile = rng.choice(names)
+        got = place_on_node(geometry, node, profile)
+        assert got == _reference_choice(geometry, node, profile)
+        if got is not None:
+            g, pl = got
+            node[g].append(inst(profile, pl.start, pl.size))
+            assert_valid(geometry, [(i.profile, i.placement) for i in node[g]])
+            placed += 1
+    assert placed > 50  # the walk exercised real choices, not only full GPUs
 
 
 def test_planning_eight_gpus_is_fast(a100: MigGeometry) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from nodeagent.sim.control import SimControl
 from nodeagent.sim.nvml import SimNvml
+from nodeagent.sim.ops import default_start
 from tests.sim.conftest import enable_mig
 
 CI_FULL = {19: 0, 20: 0, 15: 0, 14: 1, 9: 2, 5: 3, 0: 4}  # CI profile spanning each GI (A100)
@@ -38,6 +39,23 @@ def test_placement_heuristic_reproduces_user_guide(make_sim, profiles, expected)
     handle = enable_mig(sim)
     got = [_placement(sim, sim.nvmlDeviceCreateGpuInstance(handle, p)) for p in profiles]
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("starts", "size", "taken", "expected"),
+    [
+        pytest.param(range(7), 1, [], 6, id="1g: slot 6 first"),
+        pytest.param(range(7), 1, [(6, 1)], 0, id="1g: slot 6 taken, lowest free"),
+        pytest.param(range(7), 1, [(6, 2), (0, 4)], 4, id="1g: lowest free beside others"),
+        pytest.param((4, 0), 4, [], 4, id="3g: highest free, starts in any order"),
+        pytest.param((0, 4), 4, [(5, 1)], 0, id="3g: highest free placement"),
+        pytest.param((0, 2, 4, 6), 2, [(0, 8)], None, id="nothing free"),
+        pytest.param((0, 1, 2, 3), 1, [], 3, id="4-slice part: last slot"),
+    ],
+)
+def test_default_start(starts, size, taken, expected):
+    """The pure heuristic behind nvmlDeviceCreateGpuInstance without a placement."""
+    assert default_start(tuple(starts), size, taken) == expected
 
 
 def test_placement_heuristic_19_19_14_9_fails_on_the_3g(make_sim):
