@@ -462,6 +462,10 @@ def inject(
             if owner != index:
                 raise err(pynvml.NVML_ERROR_NOT_FOUND)
             gi_id, ci_id = gi["id"], ci["id"]
+        if code == XID_FALLEN_OFF_BUS:
+            # XID 79 is the driver reporting the GPU gone from the bus: whatever the reported
+            # MIG device, the whole GPU stops answering, as with the `lost` kind.
+            faults_of(gpu)["lost"] = True
         _event(state, index, xid_type, code, now, gi_id, ci_id)
     elif kind == "ecc-sbe":
         gpu["ecc"]["sbe_vol"] += 1

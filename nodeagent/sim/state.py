@@ -9,7 +9,9 @@ keeps an agent's sampling pass of a few hundred NVML calls in the low millisecon
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +33,25 @@ _LOCAL_WRITES: dict[str, int] = {}
 MAX_EVENTS = 1000  # the event queue keeps the newest events; older ones are dropped
 
 State = dict[str, Any]
+
+
+_log = logging.getLogger(__name__)
+# (state dir, preset held, preset asked for) already warned about in this process: a CLI command
+# or an agent may open the node several times, and one warning says it all.
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _warn_other_preset(state_dir: Path, held: str, asked: str) -> None:
+    """Say once that ``state_dir`` holds a ``held`` node although ``asked`` was named."""
+    key = (str(state_dir), held, asked)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    _log.warning(
+        "simulated node in %s is a %s, not the %s asked for; using it as it is. To switch: "
+        "nodeagent sim reset --simulate %s --state-dir %s (or pass another --state-dir)",
+        state_dir, held, asked, asked, shlex.quote(str(state_dir)),
+    )  # fmt: skip
 
 
 class SimStateError(Exception):
@@ -142,9 +163,17 @@ class StateStore:
 
     # --- writing ------------------------------------------------------------------------------
     def ensure(self, preset_name: str | None) -> State:
-        """Seed an empty directory from ``preset_name``; an existing node is kept as it is."""
+        """Seed an empty directory from ``preset_name``; an existing node is kept as it is.
+
+        An existing node of another preset wins (docs/simulator.md), with one warning per
+        process, state directory and preset pair naming both presets and how to switch.
+        """
         if self.exists():
-            return self.read()
+            state = self.read()
+            held = state.get("preset")
+            if preset_name and held and held != preset_name:
+                _warn_other_preset(self.state_dir, str(held), preset_name)
+            return state
         if not preset_name:
             raise SimStateError(f"no simulated node in {self.state_dir} and no preset to seed it")
         presets.get_preset(preset_name)  # fail before taking the lock on a bad name

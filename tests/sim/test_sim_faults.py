@@ -204,13 +204,21 @@ def test_thermal_and_nvlink_recover_on_clear_but_counters_stay(make_sim, control
     assert sim.nvmlDeviceGetRemappedRows(handle)[1] == 1
 
 
-def test_lost_gpu_fails_every_call_and_others_keep_working(make_sim, control_for):
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        pytest.param("lost", None, id="lost"),
+        pytest.param("xid", 79, id="xid-79-fallen-off-the-bus"),
+    ],
+)
+def test_lost_gpu_fails_every_call_and_others_keep_working(make_sim, control_for, kind, code):
     sim = make_sim("dgx-a100")
     handle = sim.nvmlDeviceGetHandleByIndex(4)
-    control_for(sim).inject("lost", 4)
+    control_for(sim).inject(kind, 4, code=code)
     for call in (
         lambda: sim.nvmlDeviceGetHandleByIndex(4),
         lambda: sim.nvmlDeviceGetPowerUsage(handle),
+        lambda: sim.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
         lambda: sim.nvmlDeviceGetUUID(handle),
         lambda: sim.nvmlDeviceGetMigMode(handle),
     ):
@@ -220,6 +228,27 @@ def test_lost_gpu_fails_every_call_and_others_keep_working(make_sim, control_for
     assert sim.nvmlDeviceGetPowerUsage(sim.nvmlDeviceGetHandleByIndex(5)) > 0
     control_for(sim).clear(4)
     assert sim.nvmlDeviceGetPowerUsage(handle) > 0
+
+
+def test_xid_79_on_a_mig_device_loses_the_whole_gpu(watched):
+    sim, event_set, control = watched
+    handle = enable_mig(sim, 2)
+    gi = sim.nvmlDeviceCreateGpuInstance(handle, 9)
+    sim.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
+    control.inject("xid", 2, mig_uuid=sim.nvmlDeviceGetUUID(mig), code=79)
+    assert _wait_one(sim, event_set).eventData == 79  # the event still reaches the agent
+    for call in (lambda: sim.nvmlDeviceGetUUID(mig), lambda: sim.nvmlDeviceGetPowerUsage(handle)):
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            call()
+
+
+def test_other_xids_leave_the_gpu_answering(make_sim, control_for):
+    sim = make_sim("dgx-a100")
+    handle = sim.nvmlDeviceGetHandleByIndex(1)
+    for code in (13, 31, 43, 48, 94):
+        control_for(sim).inject("xid", 1, code=code)
+    assert sim.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) > 0
 
 
 def test_driver_version_fault(make_sim, control_for):

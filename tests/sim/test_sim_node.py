@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import subprocess
 import sys
 import time
@@ -233,3 +235,43 @@ def test_cli_errors_are_two_lines_and_exit_2(tmp_path, args, cause):
     assert cause in lines[0]
     assert lines[1].startswith("hint: ")
     assert "Traceback" not in result.output
+
+
+def test_another_preset_in_the_state_dir_wins_with_one_warning(tmp_path, clock, caplog):
+    state_dir = tmp_path / "held"
+    SimControl(state_dir, clock=clock).reset("dgx-h100")
+    with caplog.at_level(logging.WARNING, logger="nodeagent.sim.state"):
+        for _ in range(2):  # opened twice in one process: one warning
+            sim = SimNvml(state_dir, "pcie-l40s", clock=clock)
+            sim.nvmlInit()
+            assert (
+                sim.nvmlDeviceGetName(sim.nvmlDeviceGetHandleByIndex(0)) == "NVIDIA H100 80GB HBM3"
+            )
+            sim.nvmlShutdown()
+        assert (
+            SimControl(state_dir, preset="pcie-l40s", clock=clock).state()["preset"] == "dgx-h100"
+        )
+        SimControl(state_dir, preset="dgx-h100", clock=clock).state()  # the same preset: quiet
+        SimControl(state_dir, clock=clock).state()  # no preset named: quiet
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "is a dgx-h100, not the pcie-l40s asked for" in message
+    assert f"nodeagent sim reset --simulate pcie-l40s --state-dir {state_dir}" in message
+
+
+def test_cli_warns_on_stderr_when_the_state_dir_holds_another_preset(tmp_path):
+    state_dir = tmp_path / "held"
+    SimControl(state_dir).reset("dgx-h100")
+    script = "import sys; from nodeagent.cli.main import main; sys.argv[0] = 'nodeagent'; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", script, "topo", "--simulate", "pcie-l40s"],
+        env={**os.environ, "NODEAGENT_SIM_STATE": str(state_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "NV18" in out.stdout  # the H100 node's NVSwitch links: the state dir won
+    [line] = out.stderr.splitlines()
+    assert "dgx-h100, not the pcie-l40s asked for" in line
+    assert "nodeagent sim reset --simulate pcie-l40s --state-dir" in line
