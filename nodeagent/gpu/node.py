@@ -276,6 +276,7 @@ class GpuNode:
         self._handles: dict[int, Any] = {}
         self._static_cache: dict[int, _Static] = {}
         self._last_info: dict[int, GpuInfo] = {}
+        self._last_instances: dict[int, tuple[GpuInstance, ...]] = {}
         self._geometry_cache: dict[int, MigGeometry] = {}
         self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
         self._topology: dict[tuple[int, int], Link] | None = None
@@ -1155,6 +1156,7 @@ class GpuNode:
             finally:
                 self._pass.soft_errors = None
             instances = self._read_instances(index, processes, info.mig_enabled)
+            self._last_instances[index] = instances
             return GpuState(
                 info=info,
                 telemetry=telemetry,
@@ -1164,7 +1166,15 @@ class GpuNode:
             )
         except GpuLost as exc:
             info = self._unreadable_info(index, driver, cuda)
-            return GpuState(info=info, telemetry=None, mig_instances=(), lost=True, error=str(exc))
+            # Its last known MIG layout stays, so the devices on it are reported lost (health,
+            # device plugin, metrics) rather than silently vanishing.
+            return GpuState(
+                info=info,
+                telemetry=None,
+                mig_instances=self._last_instances.get(index, ()),
+                lost=True,
+                error=str(exc),
+            )
         except GpuError as exc:
             # Any other failure spoils this GPU's sample only; the pass goes on for the others.
             log.warning("GPU %d could not be sampled: %s", index, exc)

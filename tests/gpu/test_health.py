@@ -293,3 +293,21 @@ def test_one_failing_reading_leaves_the_others_and_says_which(make_node, sim_sta
     assert snapshot.gpus[1].error is None  # other GPUs unaffected
     assert snapshot.gpus[1].telemetry is not None
     assert snapshot.gpus[1].telemetry.power_watts is not None
+
+
+def test_a_lost_gpu_keeps_its_last_known_mig_layout(make_node, sim_state_dir) -> None:
+    from nodeagent.gpu.types import Placement
+    from nodeagent.sim.control import SimControl
+
+    node = make_node("dgx-h100")
+    control = SimControl(sim_state_dir)
+    control.set_mig_mode(4, True)
+    control.reset_gpu(4)
+    node.create_gpu_instance(4, "3g.40gb", Placement(4, 4))
+    before = node.snapshot().gpus[4]
+    assert [gi.profile for gi in before.mig_instances] == ["3g.40gb"]
+    control.inject("xid", 4, code=79)  # fallen off the bus
+    after = node.snapshot().gpus[4]
+    assert after.lost
+    assert after.info.uuid == before.info.uuid
+    assert after.mig_instances == before.mig_instances  # still known, now on a lost GPU
