@@ -147,7 +147,15 @@ class PluginManager:
         server.start()
         self.servers[resource.name] = server
         self.registrations[resource.name] = _Registration()
-        self._register(resource.name)
+        if self.kubelet_present:
+            self._register(resource.name)
+        else:
+            # Registered by the loop as soon as kubelet.sock appears; nothing to retry before.
+            log.info(
+                "%s: serving; no kubelet.sock in %s yet, registering when it appears",
+                resource.name,
+                self.directory,
+            )
 
     def _retire(self, name: str) -> None:
         server = self.servers.pop(name)
