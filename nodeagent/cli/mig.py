@@ -1,11 +1,18 @@
 """``nodeagent mig``: plan, apply, assert, show and export MIG layouts (mig-parted v1 files).
 
 Thin over :mod:`mig.config`, :mod:`mig.planner` and :mod:`mig.apply`.
+
+Which layout ``plan``, ``apply`` and ``assert`` work on: ``-c NAME`` when given, else the
+``mig_layout`` of this node's pool in the agent config (``--agent-config``, env
+``NODEAGENT_CONFIG``, the file ``nodeagent run`` reads). The layout file is ``-f``, else the
+agent config's ``mig.layout_file``, else the built-in layouts. So the boot unit and the running
+agent read the layout from one place.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -33,9 +40,11 @@ from nodeagent.cli.common import (
     StateDirOption,
     emit_json,
     fail,
+    load_config_or_exit,
     open_node_or_exit,
     print_table,
 )
+from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
 
@@ -60,7 +69,18 @@ ConfigNameOption = Annotated[
         "-c",
         "--config",
         envvar="NODEAGENT_MIG_CONFIG",
-        help="Name of the layout in the file (a key of mig-configs).",
+        help="Name of the layout in the file (a key of mig-configs). Default: the pool's "
+        "mig_layout in the agent config.",
+        show_default=False,
+    ),
+]
+AgentConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--agent-config",
+        envvar="NODEAGENT_CONFIG",
+        help="Agent config (version: v1): without -c, its pool's mig_layout names the layout; "
+        "without -f, its mig.layout_file is the file.",
         show_default=False,
     ),
 ]
@@ -84,24 +104,75 @@ def _config_errors(exc: MigConfigError, hint: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _load(file: Path | None, name: str | None) -> tuple[MigConfigFile, str]:
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """The layout a command works on and where it came from."""
+
+    cfg: MigConfigFile
+    name: str | None  # None: the agent config leaves MIG alone (``skip`` says why)
+    skip: str = ""
+    agent: AgentConfig | None = None  # the agent config, when one was named
+
+
+def _choose(file: Path | None, name: str | None, agent_path: Path | None) -> _Choice:
+    """Resolve the layout: explicit ``-c``/``-f`` first, then the agent config's pool.
+
+    Exits 2 when nothing names a layout, or when a named file is invalid.
+    """
+    agent = load_config_or_exit(agent_path) if agent_path is not None else None
+    if file is None and agent is not None:
+        file = agent.mig.layout_file
     path = file or DEFAULT_CONFIG_FILE
     try:
         cfg = load_config(path)
     except MigConfigError as exc:
         _config_errors(exc, "fix the file; the format is mig-parted's v1 (see docs/mig.md)")
-    if not name:
+    if name:
+        return _Choice(cfg, name, agent=agent)
+    if agent is None:
         fail(
-            "no layout name given",
-            "pass -c NAME (or set NODEAGENT_MIG_CONFIG); this file has: "
-            + ", ".join(sorted(cfg.configs)),
+            "no MIG layout named: pass -c NAME, or set pools.<pool>.mig_layout in the agent "
+            "config and pass it with --agent-config FILE (env NODEAGENT_CONFIG)",
+            f"layouts in {path}: " + ", ".join(sorted(cfg.configs)),
         )
-    return cfg, name
+    where = f"in {agent_path}"
+    if not agent.mig.enabled:
+        # The agent does not manage MIG on this node, so neither does its boot unit.
+        return _Choice(cfg, None, f"mig.enabled is false {where} (MIG is managed elsewhere)", agent)
+    if agent.pool.mig_layout is None:
+        return _Choice(
+            cfg,
+            None,
+            f"pool {agent.node.pool!r} sets no mig_layout {where}, so MIG is left as it is",
+            agent,
+        )
+    return _Choice(cfg, agent.pool.mig_layout, agent=agent)
 
 
-def _mig_state_dir(explicit: Path | None, sim_state: Path | None, simulated: bool) -> Path:
+def _nothing_to_do(choice: _Choice, as_json: bool) -> NoReturn:
+    """Say why there is no layout to work on, and exit 0: the pool leaves MIG alone."""
+    if as_json:
+        emit_json({"config": None, "nothing_to_do": choice.skip})
+    else:
+        sys.stdout.write(f"nothing to do: {choice.skip}\n")
+    raise typer.Exit(EXIT_OK)
+
+
+def _mig_state_dir(
+    explicit: Path | None, sim_state: Path | None, simulated: bool, agent: AgentConfig | None
+) -> Path:
+    """Where apply keeps its intent file.
+
+    With an agent config this is the running agent's own ``<state dir>/mig`` (chosen as
+    ``nodeagent run`` chooses it), so an apply interrupted here is finished by the agent and the
+    other way round.
+    """
     if explicit is not None:
         return explicit
+    if agent is not None:
+        if simulated and sim_state is not None:
+            return sim_state / "agent" / "mig"
+        return agent.state_dir / "mig"
     if simulated:
         base = sim_state or Path.home() / ".local" / "state" / "nodeagent"
         return base / "mig"
@@ -212,12 +283,27 @@ def plan(
     force: Annotated[
         bool, typer.Option("--force", help="Allow destroying busy instances.")
     ] = False,
+    agent_config: AgentConfigOption = None,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show what `apply` would do on each GPU: kept, destroyed, created, and the slice maps."""
-    cfg, name = _load(file, name)
+    choice = _choose(file, name, agent_config)
+    if choice.name is None:
+        _nothing_to_do(choice, as_json)
+    _plan(choice.cfg, choice.name, force, simulate, state_dir, as_json)
+
+
+def _plan(
+    cfg: MigConfigFile,
+    name: str,
+    force: bool,
+    simulate: str | None,
+    state_dir: Path | None,
+    as_json: bool,
+) -> NoReturn:
+    """``plan`` for a resolved layout (also ``apply --dry-run``)."""
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, force)
     del prepared  # validated; dry_run re-plans the same way
@@ -282,13 +368,23 @@ def apply(
             show_default=False,
         ),
     ] = None,
+    agent_config: AgentConfigOption = None,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
     mig_state: MigStateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Make the GPUs hold the layout, touching as few instances as possible."""
-    cfg, name = _load(file, name)
+    """Make the GPUs hold the layout, touching as few instances as possible.
+
+    --force and --allow-reset are never taken from the agent config's mig.force and
+    mig.allow_reset: those govern the running agent, which works next to live workloads,
+    while a command line (or the boot unit) says for itself what it may destroy or reset.
+    """
+    choice = _choose(file, name, agent_config)
+    if choice.name is None:
+        # A node whose pool leaves MIG alone: the boot unit runs here too and must pass.
+        _nothing_to_do(choice, as_json)
+    cfg, name = choice.cfg, choice.name
     hooks: HooksFile | None = None
     if hooks_file is not None:
         try:
@@ -296,14 +392,7 @@ def apply(
         except MigConfigError as exc:
             _config_errors(exc, "fix the hooks file (mig-parted hooks v1 shape)")
     if dry:
-        plan(
-            file=file,
-            name=name,
-            force=force,
-            simulate=simulate,
-            state_dir=state_dir,
-            as_json=as_json,
-        )
+        _plan(cfg, name, force, simulate, state_dir, as_json)
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, force)
     before = _before(node, [w.index for w in prepared.work])
@@ -319,7 +408,7 @@ def apply(
         sys.stdout.write("This destroys:\n" + "".join(f"  {d}\n" for d in doomed))
         if not typer.confirm("Go ahead?", default=False):
             fail("cancelled; nothing was changed", "pass --yes to skip the question")
-    state = _mig_state_dir(mig_state, state_dir, node.simulated)
+    state = _mig_state_dir(mig_state, state_dir, node.simulated, choice.agent)
     try:
         report = execute(
             node, prepared, cfg, state_dir=state, force=force, allow_reset=allow_reset, hooks=hooks
@@ -339,12 +428,16 @@ def apply(
 def assert_(
     file: ConfigFileOption = None,
     name: ConfigNameOption = None,
+    agent_config: AgentConfigOption = None,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Exit 0 when the GPUs hold the layout, 1 listing the differences."""
-    cfg, name = _load(file, name)
+    choice = _choose(file, name, agent_config)
+    if choice.name is None:
+        _nothing_to_do(choice, as_json)
+    cfg, name = choice.cfg, choice.name
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, False)
     diffs: list[str] = []
