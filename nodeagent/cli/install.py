@@ -23,6 +23,9 @@ from nodeagent.cli.common import emit_json, fail
 
 UNIT_FILES = ("nodeagent-mig.service", "nodeagent-mig-ready.target", "nodeagent.service")
 CONFIG_FILE = "nodeagent.yaml"
+# Earlier boot units read the MIG layout name from this file; the layout now lives only in the
+# agent config, so an install that finds it says where its settings belong.
+LEGACY_MIG_ENV = "mig.env"
 
 # The paths the shipped files are written with, and what each becomes when rendered.
 _STANDARD_BINARY = "/usr/local/bin/nodeagent"
@@ -114,6 +117,7 @@ class InstallResult:
 
     written: tuple[Path, ...]
     kept: tuple[Path, ...]
+    notes: tuple[str, ...] = ()  # things the operator should act on, one line each
 
 
 def install(
@@ -154,7 +158,14 @@ def install(
         # A rehearsal root stands in for the kubelet's directory too; on a host the kubelet
         # owns it and the agent waits for it.
         layout.path("/var/lib/kubelet/device-plugins").mkdir(parents=True, exist_ok=True)
-    return InstallResult(tuple(written), tuple(kept))
+    notes = []
+    legacy = layout.config_dir / LEGACY_MIG_ENV
+    if legacy.exists():
+        notes.append(
+            f"{legacy} is no longer read: move NODEAGENT_MIG_CONFIG to pools.<pool>.mig_layout "
+            f"and NODEAGENT_MIG_CONFIG_FILE to mig.layout_file in {config}, then delete it"
+        )
+    return InstallResult(tuple(written), tuple(kept), tuple(notes))
 
 
 def install_systemd(
@@ -215,6 +226,7 @@ def install_systemd(
                 "binary": str(binary),
                 "written": [str(p) for p in result.written],
                 "kept": [str(p) for p in result.kept],
+                "notes": list(result.notes),
             }
         )
         return
@@ -222,6 +234,8 @@ def install_systemd(
         typer.echo(f"wrote {path}")
     for path in result.kept:
         typer.echo(f"kept  {path} (existing config is never overwritten)")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
     if root == Path("/"):
         typer.echo(
             "next: systemctl daemon-reload && systemctl enable --now "
