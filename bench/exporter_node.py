@@ -13,13 +13,14 @@ from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "exporters"))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository root: tests.* helpers
 
-from exporter_factories import FakeKubelet
 
 from device_plugin.api.podresources.v1 import api_pb2_grpc
 from nodeagent.gpu.node import GpuNode, open_node
 from nodeagent.sim.control import SimControl
+from tests.exporters.exporter_factories import FakeKubelet
+from tests.support.sim_nodes import split_into
 
 PRESET = "dgx-h100"
 PODS = 300
@@ -29,16 +30,7 @@ REPLICAS = 6
 def mig_node(state_dir: Path) -> GpuNode:
     """dgx-h100 with 56 1g.10gb instances."""
     node = open_node(simulate=PRESET, state_dir=state_dir)
-    control = SimControl(state_dir)
-    for gpu in range(node.count()):
-        control.set_mig_mode(gpu, True)
-        control.reset_gpu(gpu)
-        geometry = node.mig_geometry(gpu)
-        assert geometry is not None
-        profile = geometry.profile("1g.10gb")
-        assert profile is not None
-        for placement in profile.placements:
-            node.create_gpu_instance(gpu, "1g.10gb", placement)
+    split_into(node, SimControl(state_dir), range(node.count()), "1g.10gb")
     return node
 
 

@@ -13,16 +13,9 @@ from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
 from nodeagent.health.source import HealthState
 from nodeagent.sim.control import SimControl
+from tests.support.clock import FakeClock
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _all(devices, ids, health):
@@ -99,7 +92,7 @@ def test_recovery_waits_for_the_quiet_period(run_plugin) -> None:
     ],
 )
 def test_tracker_quiet_period_with_fake_clock(steps, healthy_at_end) -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     changes = []
     tracker = HealthTracker(60.0, lambda: changes.append(clock.now), clock)
     state = {
@@ -134,7 +127,7 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
             "device_plugin": {"health_recovery_quiet_s": 0.2},
         },
     )
-    clock = FakeClock()
+    clock = FakeClock(start=100.0)
     clock.now = time.time()
     model = HealthModel(HealthSection(fatal_hold_s=30.0, recovery_quiet_s=0.0), clock=clock)
     model.on_snapshot(plugin.node.snapshot())

@@ -28,6 +28,7 @@ from tests.device_plugin.kubelet import TestKubelet
 from tests.device_plugin.support import ScriptedHealth
 from tests.exporters.exporter_factories import Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
+from tests.support.waiting import wait_until
 
 GPU = "nvidia.com/gpu"
 
@@ -38,15 +39,6 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="exp-dp-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    done = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return True
-        done.wait(0.01)
-    return cond()
 
 
 @pytest.mark.parametrize("with_kubelet", [True, False], ids=["test kubelet", "no kubelet"])
@@ -95,11 +87,11 @@ def test_advertised_comes_from_the_plugin_without_pod_resources(
 
         def check() -> bool:
             sampler.sample_once()
-            _wait(lambda: exporter.latest is not None, 1.0)
+            wait_until(lambda: exporter.latest is not None, 1.0)
             seen.append(scrape())
             return value(seen[-1], name, resource=GPU) == want
 
-        assert _wait(check), seen[-1] if seen else "no scrape"
+        assert wait_until(check), seen[-1] if seen else "no scrape"
         return seen[-1]
 
     try:

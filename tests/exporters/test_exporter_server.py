@@ -24,6 +24,7 @@ from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import parse_samples, value
+from tests.support.waiting import wait_until
 
 BODY = b"# HELP x y\n# TYPE x gauge\nx 1.0\n"
 
@@ -213,7 +214,7 @@ def test_component_renders_each_snapshot_once_and_serves_it(
     thread.start()
     try:
         sampler.sample_once()
-        assert _wait(lambda: exporter.ready)
+        assert wait_until(lambda: exporter.ready)
         port = exporter.server.port  # type: ignore[union-attr]
         first = parse_samples(get(port, "/metrics")[2].decode())
         assert value(first, "nodeagent_gpus") == 8.0
@@ -224,7 +225,7 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         assert exporter.renderer.renders == renders
         SimControl(sim_state_dir).inject("remap-pending", 2)
         sampler.sample_once()
-        assert _wait(lambda: exporter.renderer.renders == renders + 1)
+        assert wait_until(lambda: exporter.renderer.renders == renders + 1)
         after = parse_samples(get(port, "/metrics")[2].decode())
         assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
         exporter.ctx.all_ready = lambda: False  # another component not ready yet
@@ -233,12 +234,3 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    done = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return True
-        done.wait(0.01)
-    return cond()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.device_plugin.conftest import make_config
 from tests.device_plugin.kubelet import TestKubelet
 from tests.exporters.exporter_factories import FakeKubelet, Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
+from tests.support.waiting import wait_until
 
 # Families that cannot appear on this hardware, and why. Anything else missing is a failure.
 ABSENT_ON_H100 = {
@@ -80,15 +80,6 @@ def pod_resources(short_dir: Path) -> Iterator[tuple[FakeKubelet, Path]]:
     server.start()
     yield servicer, socket
     server.stop(None)
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    pause = threading.Event()
-    for _ in range(int(timeout_s / 0.02)):
-        if cond():
-            return True
-        pause.wait(0.02)
-    return cond()
 
 
 def test_every_family_is_scraped_from_a_simulated_mig_node(
@@ -139,7 +130,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         supervisor.start(component)
     try:
         sampler.sample_once()  # the plugin starts from the first snapshot
-        assert _wait(lambda: health.ready), "the health component never became ready"
+        assert wait_until(lambda: health.ready, 10.0), "the health component never became ready"
         mig_resource = "nvidia.com/mig-1g.10gb"
         listed = kubelet.wait_devices(mig_resource, lambda d: len(d) == 2 * len(MIG_GPUS))
         whole = kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8 - len(MIG_GPUS))
@@ -165,7 +156,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         def settled() -> bool:
             # Sample until the XID, the NVML error and the pods have all reached the exporter.
             sampler.sample_once()
-            _wait(lambda: exporter.latest is not None, 1.0)
+            wait_until(lambda: exporter.latest is not None, 1.0)
             seen.append(scrape())
             samples = seen[-1]
             return (
@@ -178,7 +169,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 == 1.0
             )
 
-        assert _wait(settled), sorted({n for n, _ in seen[-1]}) if seen else "no scrape"
+        assert wait_until(settled, 10.0), sorted({n for n, _ in seen[-1]}) if seen else "no scrape"
         samples = seen[-1]
         emitted = {name for name, _ in samples}
         # A counter's samples carry the _total suffix the catalog names include.

@@ -34,6 +34,7 @@ from nodeagent.gpu.node import GpuNode
 from nodeagent.health.component import build_component as build_health
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import FakeKubelet
+from tests.support.sim_nodes import split_into
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -118,15 +119,7 @@ def agent(
     node = make_node("dgx-h100")
     control = SimControl(sim_state_dir)
     kubelet = FakeKubelet()
-    for gpu in (0, 1):
-        control.set_mig_mode(gpu, True)
-        control.reset_gpu(gpu)
-        geometry = node.mig_geometry(gpu)
-        assert geometry is not None
-        profile = geometry.profile("1g.10gb")
-        assert profile is not None
-        for placement in profile.placements:
-            node.create_gpu_instance(gpu, "1g.10gb", placement)
+    split_into(node, control, (0, 1), "1g.10gb")
     mig_uuids = [gi.uuid for g in (0, 1) for gi in node.mig_instances(g)]
     kubelet.allocatable = {"nvidia.com/mig-1g.10gb": [u for u in mig_uuids if u]}
     kubelet.pods = [

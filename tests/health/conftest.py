@@ -15,19 +15,7 @@ from nodeagent.gpu.node import EventWatcher, GpuNode
 from nodeagent.health.model import HealthModel
 from nodeagent.health.source import HealthTransition
 from nodeagent.sim.control import SimControl
-
-
-class FakeClock:
-    """A wall clock that moves only when told to."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 @dataclasses.dataclass

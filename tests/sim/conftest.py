@@ -9,19 +9,7 @@ import pytest
 
 from nodeagent.sim.control import SimControl
 from nodeagent.sim.nvml import SimNvml
-
-
-class FakeClock:
-    """A wall clock the test moves by hand."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
