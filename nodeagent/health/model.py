@@ -235,11 +235,6 @@ class HealthModel:
                 if not gpu.info.uuid:
                     continue
                 entry = _Gpu(gpu.info.index, gpu.info.uuid)
-                known = self._gpus.get(gpu.info.uuid)
-                if gpu.lost and known is not None:
-                    # A lost GPU cannot list its MIG devices: keep the ones it had, so they
-                    # report the GPU's state instead of vanishing.
-                    entry.mig = dict(known.mig)
                 for gi in gpu.mig_instances:
                     for ci in gi.compute_instances:
                         entry.mig[ci.uuid] = gi.instance_id
