@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= .demo
 PRESET ?= dgx-h100
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean kube-bins cluster
 
 # The environment is rebuilt whenever pyproject.toml changes.
 $(BIN)/nodeagent: pyproject.toml
@@ -23,7 +23,17 @@ demo: $(BIN)/nodeagent
 		--state-dir $(DEMO_DIR)/sim --kubelet-dir $(DEMO_DIR)/kubelet \
 		--metrics-address 127.0.0.1:9475
 
-test: $(BIN)/nodeagent
+# The real control plane the kube tests run on, built from the modules pinned in hack/kube
+# (a cold build takes about 10 minutes on 2 cores; nothing is rebuilt while the pins hold).
+kube-bins:
+	@bash hack/kube/build.sh
+
+# kube-apiserver, etcd, kube-scheduler, kube-controller-manager and Kueue on loopback, in the
+# foreground; prints the kubeconfig to export. NODES=N adds N kubelet-less 8-GPU nodes.
+cluster: $(BIN)/nodeagent kube-bins
+	$(BIN)/python -m nodeagent.testing.kube --nodes $(or $(NODES),0)
+
+test: $(BIN)/nodeagent kube-bins
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/nodeagent

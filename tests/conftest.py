@@ -14,6 +14,9 @@ import pytest
 
 from nodeagent.gpu.node import GpuNode, open_node
 
+# The real control plane (fixtures control_plane, kube_ns, kubelets; marker kube).
+pytest_plugins = ["nodeagent.testing.kube.pytest_plugin"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_gpu_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,60 @@
+"""``python -m nodeagent.testing.kube``: run the control plane in the foreground (``make cluster``).
+
+Prints the admin kubeconfig's path, then serves until Ctrl-C. ``--nodes N`` adds N kubelet-less
+8-GPU nodes (with the kubelet stand-in running their pods), so ``kubectl`` and
+``nodeagent tiering run --kubeconfig`` have something to look at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError
+from nodeagent.testing.kube.nodes import KubeletStandIn, create_node
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make cluster", description=__doc__)
+    parser.add_argument("--no-kueue", action="store_true", help="leave Kueue out")
+    parser.add_argument("--nodes", type=int, default=0, help="kubelet-less 8-GPU nodes to add")
+    parser.add_argument("--workdir", help="keep data, certificates and logs here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    plane = ControlPlane(
+        scheduler=True,
+        controller_manager=True,
+        kueue=not args.no_kueue,
+        workdir=None if args.workdir is None else __import__("pathlib").Path(args.workdir),
+    )
+    try:
+        plane.start()
+    except ControlPlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stand_in = KubeletStandIn(plane.api_client()).start()
+    try:
+        for i in range(args.nodes):
+            create_node(plane.api_client(), f"gpu-node-{i}", gpus=8)
+        print(f"logs: {plane.logs_dir}")
+        print(f"export KUBECONFIG={plane.admin.path}")
+        print("serving; Ctrl-C stops every component", flush=True)
+        while not stop.wait(1.0):
+            plane.check()
+    except ControlPlaneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stand_in.stop()
+        plane.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

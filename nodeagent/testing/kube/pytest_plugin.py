@@ -1,0 +1,99 @@
+"""pytest fixtures for the real control plane: one per test session, a namespace per test.
+
+- ``control_plane``: etcd, kube-apiserver, kube-scheduler, kube-controller-manager and Kueue,
+  started on first use and stopped when the session ends (also on Ctrl-C or a failure).
+  Without the programs the test skips, naming ``make kube-bins``; with ``CI=true`` it fails.
+- ``kube_ns``: a fresh namespace for the test, deleted afterwards.
+- ``kubelets``: the kubelet stand-in for nodes without kubelets (runs bound pods, finishes
+  deletions), shared by the session.
+
+Every test that uses ``control_plane`` is marked ``kube`` (``pytest -m kube`` runs them). When
+such a test fails, the components' logs are copied next to the test's temporary directory and
+the path is printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError, bins_dir
+from nodeagent.testing.kube.nodes import KubeletStandIn
+
+_KEPT_LOGS = pytest.StashKey[list[str]]()
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kube: runs against the real Kubernetes control plane")
+    config.stash[_KEPT_LOGS] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kube)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    report = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    kept = config.stash.get(_KEPT_LOGS, [])
+    if kept:
+        terminalreporter.section("control plane logs of failed tests")
+        for line in kept:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """The session's control plane (see the module docstring)."""
+    try:
+        bins = bins_dir()
+    except ControlPlaneError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    plane = ControlPlane(scheduler=True, controller_manager=True, kueue=True, bins=bins)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubelets(control_plane: ControlPlane) -> Iterator[KubeletStandIn]:
+    """The kubelet stand-in, running for the rest of the session."""
+    stand_in = KubeletStandIn(control_plane.api_client()).start()
+    stand_in.synced.wait(30)
+    yield stand_in
+    stand_in.stop()
+
+
+@pytest.fixture
+def kube_ns(
+    control_plane: ControlPlane, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[str]:
+    """A namespace of this test's own (named after it), deleted afterwards; on failure the
+    control plane's logs are kept."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    control_plane.create_namespace(name)
+    yield name
+    control_plane.delete_namespace(name)
+    reports = request.node.stash.get(_REPORTS, {})
+    if any(r.failed for r in reports.values()):
+        kept = control_plane.keep_logs(tmp_path / "control-plane-logs")
+        request.config.stash[_KEPT_LOGS].append(f"{request.node.nodeid}: {kept}")

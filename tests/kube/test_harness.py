@@ -1,0 +1,216 @@
+"""The control-plane harness itself: what every kube test relies on holds on the real programs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from nodeagent.testing.kube.controlplane import ControlPlane, bins_dir
+from nodeagent.testing.kube.nodes import create_node, pod_manifest
+
+
+def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def test_starts_without_kueue_in_under_15_s():
+    with ControlPlane(bins=bins_dir()) as plane:
+        assert plane.started_s < 15, plane.started_s
+        assert plane.request("GET", "/readyz") == "ok"
+    assert not any(c.running for c in plane.components.values())
+
+
+@pytest.fixture
+def core(control_plane: ControlPlane) -> client.CoreV1Api:
+    return client.CoreV1Api(control_plane.api_client())
+
+
+def test_scheduler_binds_gpu_pods_to_kubeletless_nodes_and_they_run(
+    control_plane, kube_ns, kubelets, core
+):
+    node = f"{kube_ns}-n1"
+    create_node(control_plane.api_client(), node, {"pool": kube_ns}, gpus=8)
+    try:
+        core.create_namespaced_pod(
+            kube_ns, pod_manifest("fits", gpus=4, node_selector={"pool": kube_ns})
+        )
+        core.create_namespaced_pod(
+            kube_ns, pod_manifest("too-big", gpus=9, node_selector={"pool": kube_ns})
+        )
+        fits = wait_for(
+            lambda: (
+                (p := core.read_namespaced_pod("fits", kube_ns)).status.phase == "Running" and p
+            ),
+            what="pod fits Running",
+        )
+        assert fits.spec.node_name == node
+
+        def unschedulable():
+            pod = core.read_namespaced_pod("too-big", kube_ns)
+            return (
+                any(
+                    c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                    for c in pod.status.conditions or []
+                )
+                and pod
+            )
+
+        pod = wait_for(unschedulable, what="too-big Unschedulable")
+        message = next(c.message for c in pod.status.conditions if c.type == "PodScheduled")
+        assert "Insufficient nvidia.com/gpu" in message
+    finally:
+        core.delete_node(node)
+
+
+def test_eviction_honours_a_real_pdb_and_deletion_completes(control_plane, kube_ns, kubelets, core):
+    node = f"{kube_ns}-n1"
+    create_node(control_plane.api_client(), node, gpus=8)
+    try:
+        for name in ("a", "b"):
+            core.create_namespaced_pod(
+                kube_ns, pod_manifest(name, node_name=node, labels={"app": "w"})
+            )
+        client.PolicyV1Api(control_plane.api_client()).create_namespaced_pod_disruption_budget(
+            kube_ns,
+            {
+                "metadata": {"name": "w"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "w"}}},
+            },
+        )
+        policy = client.PolicyV1Api(control_plane.api_client())
+        wait_for(
+            lambda: (
+                policy.read_namespaced_pod_disruption_budget(
+                    "w", kube_ns
+                ).status.disruptions_allowed
+                == 1
+            ),
+            what="the disruption controller to allow one disruption",
+        )
+        eviction = {"metadata": {"name": "a", "namespace": kube_ns}}
+        core.create_namespaced_pod_eviction("a", kube_ns, eviction)
+        wait_for(
+            lambda: "a" not in {p.metadata.name for p in core.list_namespaced_pod(kube_ns).items},
+            what="evicted pod a to be deleted by the kubelet stand-in",
+        )
+        with pytest.raises(ApiException) as blocked:
+            core.create_namespaced_pod_eviction(
+                "b", kube_ns, {"metadata": {"name": "b", "namespace": kube_ns}}
+            )
+        assert blocked.value.status == 429
+    finally:
+        core.delete_node(node)
+
+
+def test_node_watch_from_before_a_compaction_ends_with_410():
+    """With the API server's watch cache on, a client gets 410 once its version leaves the
+    cache's window; with it off for nodes, the compaction alone does it (what etcd says)."""
+    with ControlPlane(bins=bins_dir(), apiserver_args=["--watch-cache-sizes=nodes#0"]) as plane:
+        api = plane.api_client()
+        core = client.CoreV1Api(api)
+        old = core.list_node().metadata.resource_version
+        for i in range(3):
+            create_node(api, f"n{i}")
+        plane.compact_etcd()
+        with pytest.raises(ApiException) as gone:
+            for _event in watch.Watch().stream(
+                core.list_node, resource_version=old, timeout_seconds=5
+            ):
+                pass
+        assert gone.value.status == 410
+
+
+def test_a_service_account_without_a_role_is_forbidden(control_plane, kube_ns):
+    kubeconfig = control_plane.service_account_kubeconfig(kube_ns, "nobody")
+    core = client.CoreV1Api(control_plane.api_client(kubeconfig))
+    with pytest.raises(ApiException) as denied:
+        core.list_node()
+    assert denied.value.status == 403
+    assert f"system:serviceaccount:{kube_ns}:nobody" in json.loads(denied.value.body)["message"]
+
+
+def test_api_server_restart_keeps_the_store_and_the_port(control_plane, kube_ns, core):
+    core.create_namespaced_config_map(kube_ns, {"metadata": {"name": "kept"}})
+    port = control_plane.apiserver_port
+    control_plane.stop_apiserver()
+    with pytest.raises(urllib3.exceptions.HTTPError):  # connection refused, retries exhausted
+        core.read_namespaced_config_map("kept", kube_ns, _request_timeout=2)
+    control_plane.start_apiserver()
+    assert control_plane.apiserver_port == port
+    assert core.read_namespaced_config_map("kept", kube_ns).metadata.name == "kept"
+
+
+def test_kueue_admits_a_workload_within_quota(control_plane, kube_ns, kubelets, core):
+    rf = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": f"{kube_ns}-rf"},
+    }
+    cq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": f"{kube_ns}-cq"},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": f"{kube_ns}-rf",
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+    lq = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": "q", "namespace": kube_ns},
+        "spec": {"clusterQueue": f"{kube_ns}-cq"},
+    }
+    control_plane.apply([rf, cq, lq])
+    node = f"{kube_ns}-n1"
+    create_node(control_plane.api_client(), node, gpus=8)
+    try:
+        for name, gpus in (("small", 2), ("large", 8)):
+            core.create_namespaced_pod(
+                kube_ns,
+                pod_manifest(name, gpus=gpus, labels={"kueue.x-k8s.io/queue-name": "q"}),
+            )
+        custom = client.CustomObjectsApi(control_plane.api_client())
+
+        def workloads():
+            items = custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", kube_ns, "workloads"
+            )["items"]
+            out = {}
+            for wl in items:
+                owner = wl["metadata"]["ownerReferences"][0]["name"]
+                conds = {c["type"]: c["status"] for c in wl.get("status", {}).get("conditions", [])}
+                out[owner] = conds.get("QuotaReserved")
+            return out if out.get("small") == "True" and out.get("large") else None
+
+        states = wait_for(workloads, what="Kueue to admit the small workload")
+        assert states == {"small": "True", "large": "False"}
+        wait_for(
+            lambda: core.read_namespaced_pod("small", kube_ns).status.phase == "Running",
+            what="the admitted pod to run",
+        )
+    finally:
+        core.delete_node(node)
+        control_plane.kubectl("delete", "clusterqueue", f"{kube_ns}-cq", "--wait=false")
+        control_plane.kubectl("delete", "resourceflavor", f"{kube_ns}-rf", "--wait=false")
