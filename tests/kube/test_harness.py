@@ -140,6 +140,21 @@ def test_a_service_account_without_a_role_is_forbidden(control_plane, kube_ns):
     assert f"system:serviceaccount:{kube_ns}:nobody" in json.loads(denied.value.body)["message"]
 
 
+def test_the_audit_log_counts_a_service_accounts_requests(control_plane, kube_ns):
+    kubeconfig = control_plane.service_account_kubeconfig(kube_ns, "counted")
+    core = client.CoreV1Api(control_plane.api_client(kubeconfig))
+    mark = control_plane.audit_mark()
+    for _ in range(3):
+        with pytest.raises(ApiException):
+            core.read_namespaced_config_map("absent", kube_ns)
+    user = f"system:serviceaccount:{kube_ns}:counted"
+    seen = control_plane.audited(mark, user=user)
+    assert [(r.verb, r.resource, r.name, r.code) for r in seen] == [
+        ("get", "configmaps", "absent", 403)
+    ] * 3
+    assert control_plane.audited(control_plane.audit_mark(), user=user) == []
+
+
 def test_api_server_restart_keeps_the_store_and_the_port(control_plane, kube_ns, core):
     core.create_namespaced_config_map(kube_ns, {"metadata": {"name": "kept"}})
     port = control_plane.apiserver_port

@@ -171,6 +171,41 @@ class Component:
         return "\n".join(text[-lines:])
 
 
+# Audit what nodeagent's components do, not the harness (admin), the control plane's own
+# programs or Kueue (which runs as admin): tests and benchmarks count those requests.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "None",
+            "users": [
+                "admin",
+                "system:kube-scheduler",
+                "system:kube-controller-manager",
+                "system:apiserver",
+            ],
+        },
+        {"level": "None", "userGroups": ["system:serviceaccounts:kube-system", "system:nodes"]},
+        {"level": "Metadata"},
+    ],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditedRequest:
+    """One API request from the audit log."""
+
+    user: str
+    verb: str  # get, list, watch, create, update, patch, delete, ...
+    resource: str  # "nodes", "pods/eviction", "leases", ... ("" for non-resource URLs)
+    namespace: str
+    name: str
+    code: int
+    uri: str
+
+
 @dataclass
 class Kubeconfig:
     """A kubeconfig file for one identity."""
@@ -540,6 +575,10 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-mode=blocking",
+            "--audit-log-format=json",
             *self._feature_gate_flag(),
             *self.apiserver_args,
         ]
@@ -549,6 +588,60 @@ class ControlPlane:
         self.components["kube-apiserver"] = component
         component.start()
         self._wait(component, timeout_s, self._apiserver_ready)
+
+    def _audit_policy(self) -> Path:
+        assert self.workdir is not None
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY))
+        self.audit_log = self.workdir / "logs" / "audit.jsonl"
+        return path
+
+    def audit_mark(self) -> int:
+        """A position in the audit log; :meth:`audited` after it reads only later requests."""
+        try:
+            return self.audit_log.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def audited(self, since: int = 0, user: str | None = None) -> list[AuditedRequest]:
+        """Requests by nodeagent's identities (not the harness, nor the control plane's own
+        programs) since ``since`` (:meth:`audit_mark`), optionally of one ``user``.
+
+        A watch counts when its response starts; everything else when its response completes.
+        """
+        requests = []
+        try:
+            with self.audit_log.open("rb") as log_file:
+                log_file.seek(since)
+                lines = log_file.read().splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            event = json.loads(line)
+            stage, verb = event.get("stage"), event.get("verb", "")
+            if not (stage == "ResponseComplete" and verb != "watch") and not (
+                stage == "ResponseStarted" and verb == "watch"
+            ):
+                continue
+            who = event.get("user", {}).get("username", "")
+            if user is not None and who != user:
+                continue
+            ref = event.get("objectRef", {})
+            resource = ref.get("resource", "")
+            if ref.get("subresource"):
+                resource += "/" + ref["subresource"]
+            requests.append(
+                AuditedRequest(
+                    user=who,
+                    verb=verb,
+                    resource=resource,
+                    namespace=ref.get("namespace", ""),
+                    name=ref.get("name", ""),
+                    code=int(event.get("responseStatus", {}).get("code", 0)),
+                    uri=event.get("requestURI", ""),
+                )
+            )
+        return requests
 
     def _apiserver_ready(self) -> bool:
         try:
