@@ -191,7 +191,30 @@ class SimControl:
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         """Set the pending MIG mode (takes effect at ``reset_gpu``)."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
-        self._change(index, None, lambda s: ops.set_mig_mode(s, index, mode), what="set MIG mode")
+        now = self.clock()
+        self._change(
+            index, None, lambda s: ops.set_mig_mode(s, index, mode, now), what="set MIG mode"
+        )
+
+    def set_semantics(self, **flags: bool) -> dict[str, bool]:
+        """Switch driver behaviours of this node (``ops.SEMANTICS``); returns them all.
+
+        Raises SimError for a name that is not one of them.
+        """
+        unknown = sorted(set(flags) - set(ops.SEMANTICS))
+        if unknown:
+            raise SimError(
+                f"unknown semantics {', '.join(unknown)}", f"choose from: {', '.join(ops.SEMANTICS)}"
+            )
+        self.state()
+
+        def change(state: State) -> dict[str, bool]:
+            chosen = ops.semantics(state) | {k: bool(v) for k, v in flags.items()}
+            state["semantics"] = chosen
+            return chosen
+
+        result: dict[str, bool] = self.store.mutate(change)
+        return result
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod

@@ -34,6 +34,8 @@ _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET = 1, 2, 3, 4, 5
 _SERIAL_MASK = (1 << 24) - 1
 
 
+ENGINE_SAMPLING_PERIOD_US = 167000
+
 SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
     | pynvml.nvmlEventTypeDoubleBitEccError
@@ -384,7 +386,7 @@ class SimNvml:
     # --- static facts -----------------------------------------------------------------------
     def nvmlDeviceGetName(self, handle: Any) -> str:
         """Product name; a MIG device reports "<GPU name> MIG <profile>"."""
-        _, gpu, mig = self._any_device(handle)
+        state, gpu, mig = self._any_device(handle)
         model = ops.gpu_model(gpu)
         if mig is None:
             return model.name
@@ -392,7 +394,8 @@ class SimNvml:
         gip = ops.gi_profile_of(gpu, gi)
         cip = models.ci_profile(gip, ci["profile_id"])
         assert cip is not None
-        return f"{model.name} MIG {models.ci_name(gip, cip)}"
+        gi_name, _ = model.reported(gip, str(state["driver_version"]))
+        return f"{model.name} MIG {models.ci_name(gip, cip, gi_name)}"
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         """``GPU-...`` UUID, or ``MIG-...`` for a MIG device."""
@@ -447,39 +450,59 @@ class SimNvml:
         _, gpu, _ = self._any_device(handle)
         return ops.gpu_model(gpu).compute_capability
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        """Framebuffer total/free/used in bytes; a MIG device reports its GPU instance's share."""
+    def _memory_mib(self, handle: Any) -> tuple[int, int, int]:
+        """(total, reserved, used) MiB of a GPU or MIG device; used excludes reserved."""
         state, gpu, mig = self._any_device(handle)
         model = ops.gpu_model(gpu)
         index = gpu["index"]
         if mig is None:
-            total_mib = model.memory_mib
-            used_mib = telemetry.IDLE_MEMORY_MIB + sum(
+            used = telemetry.IDLE_MEMORY_MIB + sum(
                 p["mem_mib"] for p in ops.processes_on(state, index)
             )
-        else:
-            gi, _ = mig
-            total_mib = ops.gi_profile_of(gpu, gi).memory_mib
-            used_mib = sum(p["mem_mib"] for p in ops.processes_on(state, index, gi["id"]))
+            return model.memory_mib, model.reserved_mib, used
+        gi, _ = mig
+        _, total = model.reported(ops.gi_profile_of(gpu, gi), str(state["driver_version"]))
+        used = sum(p["mem_mib"] for p in ops.processes_on(state, index, gi["id"]))
+        return total, 0, used
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        """Framebuffer memory in bytes; a MIG device reports its GPU instance's share.
+
+        v1 (no ``version``) counts the memory the driver and firmware reserve as used, as the
+        old API does; v2 (``version=nvmlMemory_v2``) reports it apart in ``reserved``, and
+        ``used`` is what processes allocated. ``free`` is the same in both.
+        """
+        if version and version != pynvml.nvmlMemory_v2:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        total_mib, reserved_mib, used_mib = self._memory_mib(handle)
         total = total_mib * models.MIB
-        used = min(total, used_mib * models.MIB)
+        reserved = min(total, reserved_mib * models.MIB)
+        used = min(total - reserved, used_mib * models.MIB)
         if version:
             memory_v2 = pynvml.c_nvmlMemory_v2_t()
             memory_v2.version = version
-            memory_v2.total, memory_v2.reserved = total, 0
-            memory_v2.used, memory_v2.free = used, total - used
+            memory_v2.total, memory_v2.reserved = total, reserved
+            memory_v2.used, memory_v2.free = used, total - reserved - used
             return memory_v2
         memory = pynvml.c_nvmlMemory_t()
-        memory.total, memory.used, memory.free = total, used, total - used
+        memory.total, memory.used = total, reserved + used
+        memory.free = total - reserved - used
         return memory
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any) -> Any:
+        """``nvmlDeviceGetMemoryInfo`` with the v2 struct (reserved memory apart)."""
+        return self.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
 
     # --- telemetry --------------------------------------------------------------------------
     def _procs(self, state: State, gpu: dict[str, Any]) -> list[dict[str, Any]]:
         return ops.processes_on(state, gpu["index"])
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        """GPU and memory utilization in percent (``c_nvmlUtilization_t``)."""
+        """GPU and memory utilization in percent; NOT_SUPPORTED while MIG is enabled."""
         state, gpu = self._gpu(handle)
+        if gpu["mig"]["current"]:
+            # With MIG on, the GPU-wide counters are not kept (nvidia-smi shows N/A).
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         util = pynvml.c_nvmlUtilization_t()
         util.gpu, util.memory = telemetry.utilization(gpu, self._procs(state, gpu), self.clock())
         return util
@@ -491,6 +514,42 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return telemetry.temperature_c(gpu, self._procs(state, gpu), self.clock())
 
+    def nvmlDeviceGetTemperatureV(
+        self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1
+    ) -> int:
+        """``nvmlDeviceGetTemperature`` through the versioned struct (R550 and newer)."""
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self.nvmlDeviceGetTemperature(handle, sensor)
+
+    def nvmlDeviceGetTemperatureV1(self, handle: Any, sensor: int) -> int:
+        """Same as ``nvmlDeviceGetTemperatureV`` with version 1."""
+        return self.nvmlDeviceGetTemperatureV(handle, sensor)
+
+    def _engine_utilization(self, handle: Any) -> list[int]:
+        _, gpu = self._gpu(handle)
+        if gpu["mig"]["current"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # No simulated process uses the media engines: 0 %, over the sampling period NVML
+        # reports for them (inferred: 167 ms, a value seen on datacenter parts).
+        return [0, ENGINE_SAMPLING_PERIOD_US]
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 (supported on H100 and the other parts)."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetJpgUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetOfaUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         """Slowdown / shutdown / GPU max thresholds in Celsius."""
         _, gpu = self._gpu(handle)
@@ -498,7 +557,7 @@ class SimNvml:
         values = {
             pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: model.shutdown_c,
             pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: model.slowdown_c,
-            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: model.slowdown_c - 5,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: model.gpu_max_c,
         }
         if threshold not in values:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -713,6 +772,36 @@ class SimNvml:
         """Same as ``nvmlDeviceGetComputeRunningProcesses_v3``."""
         return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
 
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetComputeRunningProcesses_v3`` (the v2 struct has its fields)."""
+        return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        """Graphics processes: none. The call is supported (H100 answers an empty list)."""
+        self._any_device(handle)
+        return []
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetGraphicsRunningProcesses_v3``."""
+        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetGraphicsRunningProcesses_v3``."""
+        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        """MPS processes: none (MPS is not simulated)."""
+        self._any_device(handle)
+        return []
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""
+        return self.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""
+        return self.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
+
     # --- events -----------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:
         """A new event set; it sees events queued after this call."""
@@ -815,11 +904,12 @@ class SimNvml:
         """
         _, gpu = self._gpu(device)
         index = gpu["index"]
-        return int(self._mutate(lambda s: ops.set_mig_mode(s, index, mode)))
+        now = self.clock()
+        return int(self._mutate(lambda s: ops.set_mig_mode(s, index, mode, now)))
 
     # --- GPU-instance profiles --------------------------------------------------------------
     @staticmethod
-    def _fill_gi_info(info: Any, profile: models.GiProfile) -> Any:
+    def _fill_gi_info(info: Any, profile: models.GiProfile, name: str, memory_mib: int) -> Any:
         info.id = profile.profile_id
         info.isP2pSupported = 0
         info.sliceCount = profile.compute_slices
@@ -830,10 +920,20 @@ class SimNvml:
         info.encoderCount = profile.encoders
         info.jpegCount = profile.jpeg
         info.ofaCount = profile.ofa
-        info.memorySizeMB = profile.memory_mib
+        info.memorySizeMB = memory_mib
         if hasattr(info, "name"):
-            info.name = f"MIG {profile.name}".encode()
+            info.name = f"MIG {name}".encode()
         return info
+
+    def _gi_info(self, state: State, gpu: dict[str, Any], profile: models.GiProfile, v2: bool) -> Any:
+        if ops.semantics(state)["profile_info_needs_mig"] and not gpu["mig"]["current"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        name, memory = ops.gpu_model(gpu).reported(profile, str(state["driver_version"]))
+        struct = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t if v2 else pynvml.c_nvmlGpuInstanceProfileInfo_t
+        info = struct()
+        if v2:
+            info.version = pynvml.nvmlGpuInstanceProfileInfo_v2
+        return self._fill_gi_info(info, profile, name, memory)
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Any, profile: int, version: int = 2
@@ -841,9 +941,10 @@ class SimNvml:
         """Profile info by ``NVML_GPU_INSTANCE_PROFILE_*`` index constant.
 
         INVALID_ARGUMENT past the last constant, NOT_SUPPORTED for a profile the GPU lacks (and
-        on GPUs without MIG). Works whatever the current MIG mode: the geometry is fixed.
+        on GPUs without MIG). Works whatever the current MIG mode unless the node has the
+        ``profile_info_needs_mig`` semantics, which answers NOT_SUPPORTED while MIG is off.
         """
-        _, gpu = self._gpu(device)
+        state, gpu = self._gpu(device)
         model = ops.require_mig_capable(gpu)
         if version not in (1, 2):
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -852,9 +953,7 @@ class SimNvml:
         found = model.profile_by_index(profile)
         if found is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if version == 2:
-            return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_v2_t(), found)
-        return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_t(), found)
+        return self._gi_info(state, gpu, found, version == 2)
 
     def nvmlDeviceGetGpuInstanceProfileInfoV(
         self, device: Any, profile: int, version: int = 2
@@ -870,9 +969,9 @@ class SimNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, device: Any, profileId: int) -> Any:
         """Profile info (v2 struct) by profile ID."""
-        _, gpu = self._gpu(device)
+        state, gpu = self._gpu(device)
         found = self._profile_by_id(gpu, profileId)
-        return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_v2_t(), found)
+        return self._gi_info(state, gpu, found, True)
 
     def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, device: Any, profileId: int) -> Any:
         """Alias of ``nvmlDeviceGetGpuInstanceProfileInfoById``."""
@@ -1000,7 +1099,7 @@ class SimNvml:
         self, device: Any, profile: int, engProfile: int, version: int = 2
     ) -> Any:
         """CI profile info inside a GI, by ``NVML_COMPUTE_INSTANCE_PROFILE_*`` constant."""
-        _, gpu, gi = self._gi(device)
+        state, gpu, gi = self._gi(device)
         if version not in (1, 2):
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT or engProfile != 0:
@@ -1012,7 +1111,8 @@ class SimNvml:
         if version == 2:
             info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
             info.version = pynvml.nvmlComputeInstanceProfileInfo_v2
-            info.name = models.ci_name(gip, cip).encode()
+            gi_name, _ = ops.gpu_model(gpu).reported(gip, str(state["driver_version"]))
+            info.name = models.ci_name(gip, cip, gi_name).encode()
         else:
             info = pynvml.c_nvmlComputeInstanceProfileInfo_t()
         info.id = cip.profile_id
@@ -1168,9 +1268,12 @@ class SimNvml:
         return int(mig[1]["id"])
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
-        """Most MIG devices the GPU can hold (7, or 4 on A30); 0 while MIG is off."""
+        """Most MIG devices the GPU can hold (7, or 4 on A30); 0 while MIG is off.
+
+        0 also on a GPU without MIG (nvml.h: "0 if MIG is not supported or enabled").
+        """
         _, gpu = self._gpu(device)
-        model = ops.require_mig_capable(gpu)
+        model = ops.gpu_model(gpu)
         return model.max_mig_devices if gpu["mig"]["current"] else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
