@@ -80,6 +80,7 @@ class GpuModel:
     generation: str  # "ampere", "hopper", "blackwell", "ada", "turing"
     memory_mib: int  # nvmlDeviceGetMemoryInfo total, in MiB
     reserved_mib: int  # nvmlDeviceGetMemoryInfo_v2 "reserved": driver and firmware memory
+    bar1_mib: int  # nvmlDeviceGetBAR1MemoryInfo total (the PCIe BAR1 aperture)
     pci_device_id: int  # combined device/vendor id
     pci_subsystem_id: int
     compute_capability: tuple[int, int]
@@ -289,9 +290,8 @@ def _gib(*values: float) -> Seven:
     On the 8-slice parts every size NVML reports is a multiple of 1/8 GiB (all of the go-nvml
     A100 mock's memorySizeMB values are), so "9.62" is 9.625 GiB, 9856 MiB.
     """
-    out = tuple(round(v * 8) * 128 for v in values)
-    assert len(out) == 7
-    return out  # type: ignore[return-value]
+    a, b, c, d, e, f, g = (round(v * 8) * 128 for v in values)
+    return a, b, c, d, e, f, g
 
 
 # Engines (CE, DEC, JPEG, OFA) per profile in lgip order.
@@ -312,6 +312,7 @@ A100_40 = GpuModel(
     generation="ampere",
     memory_mib=40960,
     reserved_mib=571,
+    bar1_mib=65536,
     pci_device_id=0x20B010DE,
     pci_subsystem_id=0x134F10DE,
     compute_capability=(8, 0),
@@ -340,6 +341,7 @@ A100_80 = GpuModel(
     generation="ampere",
     memory_mib=81920,
     reserved_mib=571,
+    bar1_mib=131072,
     pci_device_id=0x20B210DE,
     pci_subsystem_id=0x147F10DE,
     compute_capability=(8, 0),
@@ -370,6 +372,7 @@ H100_80 = GpuModel(
     generation="hopper",
     memory_mib=81559,
     reserved_mib=336,
+    bar1_mib=131072,
     pci_device_id=0x233010DE,
     pci_subsystem_id=0x16C110DE,
     compute_capability=(9, 0),
@@ -398,6 +401,7 @@ H100_PCIE = GpuModel(
     generation="hopper",
     memory_mib=81559,
     reserved_mib=336,
+    bar1_mib=131072,
     pci_device_id=0x233110DE,
     pci_subsystem_id=0x162610DE,
     compute_capability=(9, 0),
@@ -426,6 +430,7 @@ H100_NVL = GpuModel(
     generation="hopper",
     memory_mib=95830,
     reserved_mib=336,
+    bar1_mib=131072,
     pci_device_id=0x232110DE,
     pci_subsystem_id=0x183910DE,
     compute_capability=(9, 0),
@@ -454,6 +459,7 @@ H200 = GpuModel(
     generation="hopper",
     memory_mib=143771,
     reserved_mib=700,
+    bar1_mib=262144,
     pci_device_id=0x233510DE,
     pci_subsystem_id=0x18BE10DE,
     compute_capability=(9, 0),
@@ -482,6 +488,7 @@ H200_NVL = GpuModel(
     generation="hopper",
     memory_mib=143771,
     reserved_mib=700,
+    bar1_mib=262144,
     pci_device_id=0x233B10DE,
     pci_subsystem_id=0x199610DE,
     compute_capability=(9, 0),
@@ -510,6 +517,7 @@ GH200 = GpuModel(
     generation="hopper",
     memory_mib=97871,
     reserved_mib=336,
+    bar1_mib=131072,
     pci_device_id=0x234210DE,
     pci_subsystem_id=0x16EB10DE,
     compute_capability=(9, 0),
@@ -538,6 +546,7 @@ B200 = GpuModel(
     generation="blackwell",
     memory_mib=183359,
     reserved_mib=830,
+    bar1_mib=262144,
     pci_device_id=0x290110DE,
     pci_subsystem_id=0x199910DE,
     compute_capability=(10, 0),
@@ -566,6 +575,7 @@ GB200 = GpuModel(
     generation="blackwell",
     memory_mib=189471,
     reserved_mib=850,
+    bar1_mib=262144,
     pci_device_id=0x294110DE,
     pci_subsystem_id=0x20CA10DE,
     compute_capability=(10, 0),
@@ -597,6 +607,7 @@ A30 = GpuModel(
     generation="ampere",
     memory_mib=24576,
     reserved_mib=316,
+    bar1_mib=32768,
     pci_device_id=0x20B710DE,
     pci_subsystem_id=0x153210DE,
     compute_capability=(8, 0),
@@ -630,6 +641,7 @@ L40S = GpuModel(
     generation="ada",
     memory_mib=46068,
     reserved_mib=462,
+    bar1_mib=65536,
     pci_device_id=0x26B910DE,
     pci_subsystem_id=0x185110DE,
     compute_capability=(8, 9),
@@ -650,6 +662,7 @@ T4 = GpuModel(
     generation="turing",
     memory_mib=15360,
     reserved_mib=255,
+    bar1_mib=256,
     pci_device_id=0x1EB810DE,
     pci_subsystem_id=0x12A210DE,
     compute_capability=(7, 5),
@@ -673,28 +686,42 @@ MODELS: dict[str, GpuModel] = {m.key: m for m in (A100_40, A100_80, A30, H100_80
 # Sources, by the facts they cover. The public outputs are GitHub issues and pull requests of
 # NVIDIA's own projects and of users; "UG" is NVIDIA's MIG User Guide.
 _UG_A100 = "UG 'Supported MIG Profiles' (A100) and lgip/lgipp in 'Getting Started'"
-_LGIP_H100 = "nvidia-smi mig -lgip on H100 80GB HBM3 (public field notes, jbarrow.ai; driver not shown)"
-_LGIP_H100_NVL = ("nvidia-smi mig -lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101,"
-                  " 2024-07/08; driver not shown)")
+_LGIP_H100 = (
+    "nvidia-smi mig -lgip on H100 80GB HBM3 (public field notes, jbarrow.ai; driver not shown)"
+)
+_LGIP_H100_NVL = (
+    "nvidia-smi mig -lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101,"
+    " 2024-07/08; driver not shown)"
+)
 _LGIP_H200 = "nvidia-smi mig -lgip on 8x H200 (NVIDIA/mig-parted#120; driver not shown)"
-_LGIP_B200 = ("nvidia-smi mig -lgip on B200 (NVIDIA/mig-parted#166 2025-01: 1g 22.00 GiB; "
-              "#187 2025-03: 1g 20.50 GiB, which the table uses; drivers not shown)")
-_LGIP_GB200 = ("nvidia-smi mig -lgip on GB200 (NVIDIA/mig-parted#227, 2025-08: 1g.23gb 22.00 GiB; "
-               "NVIDIA/gpu-operator#1303, 2025-03, named it 1g.24gb at 20.00 GiB; drivers not shown)")
-_THRESHOLDS = ("nvidia-smi -q 'GPU Shutdown/Slowdown/Max Operating Temp' in public issues "
-               "(e.g. Project-HAMi/HAMi#338; driver not shown)")
-_PLACEMENT_RULE = ("UG 'Getting Started' examples (-cgi 9,19,14,19 and 14,19,19,19,19,19), public "
-                   "-lgi outputs (1g order 6,4,5,0..; 9,14 puts the 2g at 0:2; A100-80GB on "
-                   "550.54.14 created 4:4 first); the rule in ops.default_start")
-_CI = ("go-nvml mock tables (A100/H100) for the plain CI profiles; 1_SLICE_REV1 in 1g.2x GIs and "
-       "7_SLICE_NVL on Ampere 7g GIs: kubernetes-sigs/dra-driver-nvidia-gpu#1480")
+_LGIP_B200 = (
+    "nvidia-smi mig -lgip on B200 (NVIDIA/mig-parted#166 2025-01: 1g 22.00 GiB; "
+    "#187 2025-03: 1g 20.50 GiB, which the table uses; drivers not shown)"
+)
+_LGIP_GB200 = (
+    "nvidia-smi mig -lgip on GB200 (NVIDIA/mig-parted#227, 2025-08: 1g.23gb 22.00 GiB; "
+    "NVIDIA/gpu-operator#1303, 2025-03, named it 1g.24gb at 20.00 GiB; drivers not shown)"
+)
+_THRESHOLDS = (
+    "nvidia-smi -q 'GPU Shutdown/Slowdown/Max Operating Temp' in public issues "
+    "(e.g. Project-HAMi/HAMi#338; driver not shown)"
+)
+_PLACEMENT_RULE = (
+    "UG 'Getting Started' examples (-cgi 9,19,14,19 and 14,19,19,19,19,19), public "
+    "-lgi outputs (1g order 6,4,5,0..; 9,14 puts the 2g at 0:2; A100-80GB on "
+    "550.54.14 created 4:4 first); the rule in ops.default_start"
+)
+_CI = (
+    "go-nvml mock tables (A100/H100) for the plain CI profiles; 1_SLICE_REV1 in 1g.2x GIs and "
+    "7_SLICE_NVL on Ampere 7g GIs: kubernetes-sigs/dra-driver-nvidia-gpu#1480"
+)
 _HOPPER_INFERRED_SM = "inferred: the notes presume the H100-80GB SM counts for this Hopper part"
 
 SOURCES: dict[str, dict[str, str]] = {
     "a100-40": {
-        "identity": "UG 'Supported GPUs' PCI ids; NVIDIA A100 datasheet (40 GB HBM2, 400 W, NVLink 12)",
-        "memory": "nvidia-smi: 40960 MiB total (NVIDIA/nvidia-docker#1648)",
-        "reserved": "nvidia-smi -q 'Reserved: 571 MiB' (NVIDIA/nvidia-docker#1648; driver not shown)",
+        "identity": "UG 'Supported GPUs' PCI ids; A100 datasheet (40 GB HBM2, 400 W, NVLink 12)",
+        "memory": "nvidia-smi -q: 40960 MiB total, BAR1 65536 MiB (NVIDIA/nvidia-docker#1648)",
+        "reserved": "nvidia-smi -q 'Reserved: 571 MiB' (NVIDIA/nvidia-docker#1648)",
         "thresholds": _THRESHOLDS + ": slowdown 89, shutdown 92, max operating 85",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": _UG_A100,
@@ -707,11 +734,14 @@ SOURCES: dict[str, dict[str, str]] = {
         "identity": "UG 'Supported GPUs' PCI ids; NVIDIA A100 datasheet (80 GB HBM2e)",
         "memory": "nvidia-smi: 81920 MiB total (NVIDIA/mig-parted#31, driver 545.23.08)",
         "reserved": "inferred: the A100-40GB reading (571 MiB); no 80GB reading found",
+        "bar1": "inferred: twice the 40GB part's 64 GiB aperture",
         "thresholds": _THRESHOLDS + ": slowdown 89, shutdown 92, max operating 85",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": "lgip on A100-SXM4-80GB in public blogs (reference notes §2); same IDs as 40GB",
-        "profile_memory": ("lgip on A100-SXM4-80GB (9.50/19.50/39.25/78.50 GiB); the 3g name on "
-                           "R535/R545 from NVIDIA/mig-parted#31 (545.23.08)"),
+        "profile_memory": (
+            "lgip on A100-SXM4-80GB (9.50/19.50/39.25/78.50 GiB); the 3g name on "
+            "R535/R545 from NVIDIA/mig-parted#31 (545.23.08)"
+        ),
         "placements": "same lgipp as A100-40GB (reference notes §3)",
         "default_placement": _PLACEMENT_RULE,
         "ci_profiles": _CI,
@@ -719,7 +749,7 @@ SOURCES: dict[str, dict[str, str]] = {
     "a30": {
         "identity": "UG 'Supported GPUs' (A30, 4 slices); NVIDIA A30 datasheet (24 GB, 165 W)",
         "memory": "inferred: 24 GiB as the profile table implies",
-        "reserved": "inferred: a 24576 MiB part's 'Reserved: 316 MiB' (NVIDIA/k8s-device-plugin#471)",
+        "reserved": "inferred: a 24576 MiB part's 'Reserved: 316 MiB' (k8s-device-plugin#471)",
         "thresholds": _THRESHOLDS + ": slowdown 97, shutdown 100, max operating 90",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": "UG A30 table and lgip in a public blog (reference notes §2)",
@@ -731,9 +761,11 @@ SOURCES: dict[str, dict[str, str]] = {
     },
     "h100-80": {
         "identity": "UG 'Supported GPUs' PCI ids; nvidia-smi -q on H100 80GB HBM3 (0x233010DE)",
-        "memory": "nvidia-smi -q 'Total: 81559 MiB' (many public outputs)",
-        "reserved": ("nvidia-smi -q 'Reserved: 336 MiB' on driver 550.90.07 (public log); other "
-                     "drivers show 328-551 MiB"),
+        "memory": "nvidia-smi -q 'Total: 81559 MiB', BAR1 131072 MiB (many public outputs)",
+        "reserved": (
+            "nvidia-smi -q 'Reserved: 336 MiB' on driver 550.90.07 (public log); other "
+            "drivers show 328-551 MiB"
+        ),
         "thresholds": _THRESHOLDS + ": slowdown 89, shutdown 92, max operating 87",
         "telemetry": "nvidia-smi -q on H100 80GB HBM3: 700 W limit, max clocks 1980/2619 MHz",
         "profiles": _LGIP_H100 + "; UG Table 7",
@@ -770,10 +802,12 @@ SOURCES: dict[str, dict[str, str]] = {
     },
     "h200": {
         "identity": "nvidia-smi -q on H200 (0x233510DE, 0x18BE10DE; driver 550.90.12, public log)",
-        "memory": "nvidia-smi -q 'Total: 143771 MiB' (driver 550.90.12, public log)",
+        "memory": "nvidia-smi -q 'Total: 143771 MiB', BAR1 262144 MiB (550.90.12, public log)",
         "reserved": "nvidia-smi -q 'Reserved: 700 MiB' (driver 550.90.12, public log)",
-        "thresholds": ("inferred: the H100 thresholds (R550 prints only T.Limit offsets for H200: "
-                       "shutdown -8, slowdown -2, max operating 0)"),
+        "thresholds": (
+            "inferred: the H100 thresholds (R550 prints only T.Limit offsets for H200: "
+            "shutdown -8, slowdown -2, max operating 0)"
+        ),
         "telemetry": "nvidia-smi -q on H200 (550.90.12): 700 W, max clocks 1980/3201 MHz, VBIOS",
         "profiles": _LGIP_H200 + "; UG Table 8",
         "profile_memory": _LGIP_H200 + " (16.00/32.25/69.50/139.75 GiB)",
@@ -782,7 +816,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "ci_profiles": _CI,
     },
     "h200-nvl": {
-        "identity": "reference notes §2 (H200 NVL 0x233B10DE shares the H200 table); 600 W datasheet",
+        "identity": "reference notes §2 (H200 NVL 0x233B10DE shares H200's table); 600 W datasheet",
         "memory": "inferred: the H200 SXM total",
         "reserved": "inferred: the H200 SXM reading",
         "thresholds": "inferred: the H100 thresholds",
@@ -794,14 +828,18 @@ SOURCES: dict[str, dict[str, str]] = {
         "ci_profiles": _CI,
     },
     "gh200": {
-        "identity": ("mig-parted config-default.yaml (H100 96GB on GH200, 0x234210DE); public "
-                     "logs name it 'NVIDIA GH200 480GB', cc 9.0, 132 SMs (driver 580.105.08)"),
+        "identity": (
+            "mig-parted config-default.yaml (H100 96GB on GH200, 0x234210DE); public "
+            "logs name it 'NVIDIA GH200 480GB', cc 9.0, 132 SMs (driver 580.105.08)"
+        ),
         "memory": "inferred: about 97.8 GB reported (public log, driver 570.148.08)",
         "reserved": "inferred: the H100 80GB HBM3 reading",
         "thresholds": "inferred: the H100 thresholds",
         "telemetry": "inferred: 900 W is the superchip's module budget; the rest plausible values",
-        "profiles": ("names from mig-parted config-default.yaml and a public provider's MIG page "
-                     "(1g.12gb ... 7g.96gb, 7g with 7 NVDEC/7 JPEG/1 OFA)"),
+        "profiles": (
+            "names from mig-parted config-default.yaml and a public provider's MIG page "
+            "(1g.12gb ... 7g.96gb, 7g with 7 NVDEC/7 JPEG/1 OFA)"
+        ),
         "profile_memory": "inferred: scaled from H100 NVL's lgip by the 96/94 GB ratio",
         "sms": _HOPPER_INFERRED_SM,
         "placements": "inferred: the 8-slice geometry",
@@ -809,16 +847,18 @@ SOURCES: dict[str, dict[str, str]] = {
         "ci_profiles": _CI,
     },
     "b200": {
-        "identity": ("nvidia-smi on 8x B200: 183359 MiB, 1000 W, driver 570.172.08 (public log); "
-                     "cc 10.0, 148 SMs; PCI id from mig-parted PR#166"),
+        "identity": (
+            "nvidia-smi on 8x B200: 183359 MiB, 1000 W, driver 570.172.08 (public log); "
+            "cc 10.0, 148 SMs; PCI id from mig-parted PR#166"
+        ),
         "memory": "nvidia-smi: 183359 MiB (driver 570.172.08, public log)",
         "reserved": "inferred: about 0.45 % of memory, between H100's and H200's readings",
         "thresholds": "inferred: the H100 thresholds",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": _LGIP_B200 + " for 1g, 1g+me, 1g.2x and 2g; names of 3g/4g/7g from "
-                    "mig-parted config-default.yaml",
+        "mig-parted config-default.yaml",
         "profile_memory": _LGIP_B200 + "; 3g/4g/7g inferred (twice, twice, eight times 2g's less "
-                          "a slice's share)",
+        "a slice's share)",
         "sms": "lgip: 1g 18, 1g.2x 30, 2g 36; 3g/4g/7g inferred (no lgip row seen)",
         "engines": "lgip for 1g..2g; 3g/4g/7g inferred",
         "placements": "inferred: the 8-slice geometry (UG memory fractions)",
@@ -826,14 +866,16 @@ SOURCES: dict[str, dict[str, str]] = {
         "ci_profiles": "inferred: the Hopper CI tables",
     },
     "gb200": {
-        "identity": ("nvidia-smi on GB200: 189471 MiB, 1200 W (public logs, driver 580.95.05); "
-                     "PCI id from gpu-operator#1303"),
+        "identity": (
+            "nvidia-smi on GB200: 189471 MiB, 1200 W (public logs, driver 580.95.05); "
+            "PCI id from gpu-operator#1303"
+        ),
         "memory": "nvidia-smi: 189471 MiB (driver 580.95.05, public log)",
         "reserved": "inferred: about 0.45 % of memory",
         "thresholds": "inferred: the H100 thresholds",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": _LGIP_GB200 + " for 1g, 1g+me, 1g.2x and 2g; 3g/4g/7g names from mig-parted "
-                    "config-default.yaml",
+        "config-default.yaml",
         "profile_memory": _LGIP_GB200 + "; 3g/4g/7g inferred",
         "sms": "lgip: 1g 18, 1g.2x 32, 2g 38; 3g/4g/7g inferred",
         "engines": "lgip for 1g..2g; 3g/4g/7g inferred",
@@ -856,6 +898,10 @@ SOURCES: dict[str, dict[str, str]] = {
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
     },
 }
+
+for _key, _facts in SOURCES.items():
+    if "BAR1" not in _facts["memory"]:
+        _facts.setdefault("bar1", "inferred: the BAR1 aperture of the nearest modelled part")
 
 # The facts every model names a source for, and those only MIG-capable ones have.
 FACTS = ("identity", "memory", "reserved", "thresholds", "telemetry")

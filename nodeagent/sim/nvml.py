@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-from nodeagent.sim import models, ops, presets, telemetry
+from nodeagent.sim import cabi, models, ops, presets, telemetry
 from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
 from nodeagent.sim.watch import ChangeWaiter
 
@@ -35,6 +36,17 @@ _SERIAL_MASK = (1 << 24) - 1
 
 
 ENGINE_SAMPLING_PERIOD_US = 167000
+
+FIELD_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+FIELD_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+NVLINK_THROUGHPUT_FIELDS = frozenset(
+    {
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX,
+    }
+)
 
 SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
@@ -78,6 +90,22 @@ def _tracked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
             _calling.name = None
 
     return call
+
+
+ENV_SIM_TIME = "NODEAGENT_SIM_TIME"
+
+
+def clock_from_env() -> Callable[[], float]:
+    """The real wall clock, or a fixed one at the Unix time in ``NODEAGENT_SIM_TIME``.
+
+    A fixed time freezes the simulated telemetry, so that separate programs reading the same
+    node (``nodeagent status`` and a third-party tool, say) see the same values.
+    """
+    fixed = os.environ.get(ENV_SIM_TIME)
+    if not fixed:
+        return time.time
+    at = float(fixed)
+    return lambda: at
 
 
 def _encode(kind: int, gpu: int = 0, gi: int = 0, ci: int = 0, serial: int = 0) -> int:
@@ -133,21 +161,24 @@ class SimNvml:
         state_dir: the node's state directory (shared with other processes); ``None`` means
             ``default_state_dir()`` (env ``NODEAGENT_SIM_STATE``, else the user's state dir).
         preset: seeds an empty state directory at ``nvmlInit``; an existing node is used as it is.
-        clock: wall clock for telemetry and event timestamps (tests pass a fake one).
+        clock: wall clock for telemetry and event timestamps (tests pass a fake one); ``None``
+            is the real clock, or the fixed time in ``NODEAGENT_SIM_TIME`` when that is set.
     """
 
     def __init__(
         self,
         state_dir: Path | str | None = None,
         preset: str | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        clock = clock or clock_from_env()
         self.store = StateStore(Path(state_dir or default_state_dir()), clock=clock)
         self.preset = preset
         self.clock = clock
         self._init_count = 0
         self._lock = threading.Lock()
         self._event_sets: dict[int, dict[str, Any]] = {}
+        self._entry_points: dict[str, cabi.Entry] | None = None
         self._next_event_set = 1
         for code, text in _ERROR_STRINGS.items():
             pynvml.NVMLError._errcode_to_string.setdefault(code, text)
@@ -161,13 +192,39 @@ class SimNvml:
         if callable(value) and name.startswith("nvml") and name not in _PASSTHROUGH:
             if isinstance(value, type):
                 return value
-
-            def not_supported(*_args: Any, **_kwargs: Any) -> Any:
-                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-            not_supported.__name__ = name
-            return not_supported
+            return self._not_supported(name)
         return value
+
+    def __dir__(self) -> list[str]:
+        """pynvml's names and the simulator's own, as ``dir(pynvml)`` would list them."""
+        return sorted(set(vars(pynvml)) | set(super().__dir__()))
+
+    def _not_supported(self, name: str) -> Callable[..., Any]:
+        """An NVML function the simulated driver has but does not support on its GPUs."""
+
+        def not_supported(*_args: Any, **_kwargs: Any) -> Any:
+            if self._init_count <= 0:
+                raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+        not_supported.__name__ = name
+        return not_supported
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """The C entry point ``name`` (see :mod:`nodeagent.sim.cabi`), as pynvml's function.
+
+        UNINITIALIZED before ``nvmlInit`` and FUNCTION_NOT_FOUND for a symbol the simulated
+        driver lacks, as pynvml raises them.
+        """
+        if self._init_count <= 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        with self._lock:
+            if self._entry_points is None:
+                self._entry_points = cabi.entry_points(self)
+        entry = self._entry_points.get(name)
+        if entry is None:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return cabi.FunctionPointer(name, entry)
 
     # --- plumbing ---------------------------------------------------------------------------
     def _state(self, *, fresh: bool = False) -> State:
@@ -493,6 +550,55 @@ class SimNvml:
         """``nvmlDeviceGetMemoryInfo`` with the v2 struct (reserved memory apart)."""
         return self.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
 
+    def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any) -> Any:
+        """BAR1 aperture total/free/used in bytes (``c_nvmlBAR1Memory_t``).
+
+        A MIG device gets half the GPU's aperture less 1 MiB (inferred from one A100 output:
+        its 2g.10gb devices showed 32767 MiB); 1 MiB of it is in use, as idle outputs show.
+        """
+        _, gpu, mig = self._any_device(handle)
+        total_mib = ops.gpu_model(gpu).bar1_mib
+        if not total_mib:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if mig is not None:
+            total_mib = total_mib // 2 - 1
+        info = pynvml.c_nvmlBAR1Memory_t()
+        info.bar1Total = total_mib * models.MIB
+        info.bar1Used = models.MIB
+        info.bar1Free = info.bar1Total - info.bar1Used
+        return info
+
+    # --- modes ------------------------------------------------------------------------------
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        """Enabled: datacenter nodes run nvidia-persistenced (inferred, as on DGX systems)."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        """NVML_COMPUTEMODE_DEFAULT (the simulator has no compute-mode setting)."""
+        self._gpu(handle)
+        return int(pynvml.NVML_COMPUTEMODE_DEFAULT)
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
+        """P0, as busy and idle datacenter GPUs with persistence mode report (nvidia-smi -q)."""
+        self._gpu(handle)
+        return 0
+
+    def nvmlDeviceGetDisplayMode(self, handle: Any) -> int:
+        """Disabled: no display is attached to a datacenter GPU."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetDisplayActive(self, handle: Any) -> int:
+        """Disabled: no display is attached to a datacenter GPU."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        """[current, pending] ECC mode: enabled, as datacenter parts ship."""
+        self._gpu(handle)
+        return [int(pynvml.NVML_FEATURE_ENABLED), int(pynvml.NVML_FEATURE_ENABLED)]
+
     # --- telemetry --------------------------------------------------------------------------
     def _procs(self, state: State, gpu: dict[str, Any]) -> list[dict[str, Any]]:
         return ops.processes_on(state, gpu["index"])
@@ -802,6 +908,56 @@ class SimNvml:
         """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""
         return self.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
 
+    # --- field values -----------------------------------------------------------------------
+    def _field(self, handle: Any, field_id: int) -> tuple[int, int | float]:
+        """(NVML value type, value) of one field; NVMLError(code) when it is not available."""
+        if field_id == pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+            return FIELD_ULL, self.nvmlDeviceGetTotalEnergyConsumption(handle)
+        if field_id == pynvml.NVML_FI_DEV_POWER_INSTANT:
+            return FIELD_UINT, self.nvmlDeviceGetPowerUsage(handle)
+        if field_id == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            return FIELD_ULL, self.nvmlDeviceGetPcieReplayCounter(handle)
+        _, gpu = self._gpu(handle)
+        links = len(gpu["nvlinks"])
+        if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+            return FIELD_UINT, links
+        if field_id in NVLINK_THROUGHPUT_FIELDS and links:
+            return FIELD_ULL, 0  # no simulated traffic crosses NVLink
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def fill_field_values(self, handle: Any, values: list[Any]) -> None:
+        """Answer each ``c_nvmlFieldValue_t`` in place: value and type, or its own error code.
+
+        As in NVML the call itself succeeds when the handle is good; a field the simulator does
+        not model gets NOT_SUPPORTED in its ``nvmlReturn``.
+        """
+        self._any_device(handle)
+        stamp = int(self.clock() * 1_000_000)
+        for slot in values:
+            slot.timestamp, slot.latencyUsec = stamp, 0
+            try:
+                kind, value = self._field(handle, int(slot.fieldId))
+            except pynvml.NVMLError as exc:
+                slot.nvmlReturn = int(exc.value)
+                continue
+            slot.nvmlReturn = int(pynvml.NVML_SUCCESS)
+            slot.valueType = kind
+            if kind == FIELD_ULL:
+                slot.value.ullVal = int(value)
+            else:
+                slot.value.uiVal = int(value)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:
+        """A ``c_nvmlFieldValue_t`` array for ``fieldIds`` (ids, or (id, scope) pairs)."""
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for slot, field in zip(values, fieldIds, strict=True):
+            if isinstance(field, tuple):
+                slot.fieldId, slot.scopeId = field
+            else:
+                slot.fieldId = field
+        self.fill_field_values(handle, list(values))
+        return values
+
     # --- events -----------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:
         """A new event set; it sees events queued after this call."""
@@ -925,11 +1081,17 @@ class SimNvml:
             info.name = f"MIG {name}".encode()
         return info
 
-    def _gi_info(self, state: State, gpu: dict[str, Any], profile: models.GiProfile, v2: bool) -> Any:
+    def _gi_info(
+        self, state: State, gpu: dict[str, Any], profile: models.GiProfile, v2: bool
+    ) -> Any:
         if ops.semantics(state)["profile_info_needs_mig"] and not gpu["mig"]["current"]:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         name, memory = ops.gpu_model(gpu).reported(profile, str(state["driver_version"]))
-        struct = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t if v2 else pynvml.c_nvmlGpuInstanceProfileInfo_t
+        struct = (
+            pynvml.c_nvmlGpuInstanceProfileInfo_v2_t
+            if v2
+            else pynvml.c_nvmlGpuInstanceProfileInfo_t
+        )
         info = struct()
         if v2:
             info.version = pynvml.nvmlGpuInstanceProfileInfo_v2

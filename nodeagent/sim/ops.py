@@ -455,8 +455,13 @@ def add_process(
     used_memory_mib: int,
     load: float | None,
     now: float,
+    pid: int | None = None,
 ) -> int:
-    """Attach a fake process to a GPU or MIG device; return its PID."""
+    """Attach a process to a GPU or MIG device; return its PID.
+
+    ``pid`` attaches a process that exists on the host (so tools that look it up, as gpustat
+    and nvitop do with psutil, find it); ``None`` makes up a PID from the node's counter.
+    """
     gpu = get_gpu(state, index)
     gi_id = ci_id = None
     if mig_uuid is not None:
@@ -467,9 +472,12 @@ def add_process(
     elif gpu["mig"]["current"]:
         # With MIG on, CUDA sees only MIG devices: a process must name one.
         raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if pid is not None and any(p["pid"] == pid for p in state["processes"]):
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # already attached
     checkpoint_energy(state, index, now)
-    pid = int(state["next_pid"])
-    state["next_pid"] = pid + 1
+    if pid is None:
+        pid = int(state["next_pid"])
+        state["next_pid"] = pid + 1
     state["processes"].append(
         {
             "pid": pid,

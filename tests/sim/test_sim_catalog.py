@@ -268,7 +268,9 @@ def test_every_fact_names_its_source(key):
 def test_docs_list_every_inferred_fact():
     docs = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
     missing = [
-        (key, fact) for key, fact, _ in models.inferred_facts() if f"| `{key}` | {fact} |" not in docs
+        (key, fact)
+        for key, fact, _ in models.inferred_facts()
+        if f"| `{key}` | {fact} |" not in docs
     ]
     assert not missing, f"docs/simulator.md does not list these inferred facts: {missing}"
 

@@ -25,9 +25,7 @@ def _placement(sim: SimNvml, gi) -> tuple[int, int]:
     ("profiles", "expected"),
     [
         pytest.param([9, 9], [(4, 4), (0, 4)], id="9,9"),
-        pytest.param(
-            [19] * 7, [(6, 1), (4, 1), (5, 1), (0, 1), (1, 1), (2, 1), (3, 1)], id="19x7"
-        ),
+        pytest.param([19] * 7, [(6, 1), (4, 1), (5, 1), (0, 1), (1, 1), (2, 1), (3, 1)], id="19x7"),
         pytest.param([9, 14], [(4, 4), (0, 2)], id="9,14: the 2g at 0:2"),
         pytest.param([9, 19, 14, 19], [(4, 4), (0, 1), (2, 2), (1, 1)], id="9,19,14,19"),
         pytest.param(
