@@ -186,7 +186,7 @@ CI_SLICES_BY_PROFILE = {v: k for k, v in CI_PROFILE_BY_SLICES.items()} | {
     CI_7_SLICE_NVL: 7,
 }
 
-# CI profiles per GI compute size (go-nvml mock tables for A100/H100, reference notes §4):
+# CI profiles per GI compute size (the go-nvml mock tables for A100/H100, pkg/nvml/mock):
 # c -> (max count, starts). Starts are SM-slice offsets inside the GI; a 3c on a 7g sits at 0
 # or 4, like the 3g GI itself.
 _CI_TABLE: dict[int, dict[int, tuple[int, tuple[int, ...]]]] = {
@@ -715,7 +715,7 @@ _CI = (
     "go-nvml mock tables (A100/H100) for the plain CI profiles; 1_SLICE_REV1 in 1g.2x GIs and "
     "7_SLICE_NVL on Ampere 7g GIs: kubernetes-sigs/dra-driver-nvidia-gpu#1480"
 )
-_HOPPER_INFERRED_SM = "inferred: the notes presume the H100-80GB SM counts for this Hopper part"
+_HOPPER_INFERRED_SM = "inferred: the H100 80GB SM counts, as the part has the same 132-SM die"
 
 SOURCES: dict[str, dict[str, str]] = {
     "a100-40": {
@@ -737,12 +737,12 @@ SOURCES: dict[str, dict[str, str]] = {
         "bar1": "inferred: twice the 40GB part's 64 GiB aperture",
         "thresholds": _THRESHOLDS + ": slowdown 89, shutdown 92, max operating 85",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
-        "profiles": "lgip on A100-SXM4-80GB in public blogs (reference notes §2); same IDs as 40GB",
+        "profiles": "lgip on A100-SXM4-80GB in public blogs; same IDs and slices as 40GB",
         "profile_memory": (
             "lgip on A100-SXM4-80GB (9.50/19.50/39.25/78.50 GiB); the 3g name on "
             "R535/R545 from NVIDIA/mig-parted#31 (545.23.08)"
         ),
-        "placements": "same lgipp as A100-40GB (reference notes §3)",
+        "placements": "lgipp on A100 in the UG (same geometry as the 40GB part)",
         "default_placement": _PLACEMENT_RULE,
         "ci_profiles": _CI,
     },
@@ -752,7 +752,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "reserved": "inferred: a 24576 MiB part's 'Reserved: 316 MiB' (k8s-device-plugin#471)",
         "thresholds": _THRESHOLDS + ": slowdown 97, shutdown 100, max operating 90",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
-        "profiles": "UG A30 table and lgip in a public blog (reference notes §2)",
+        "profiles": "UG A30 table and lgip in a public blog",
         "profile_memory": "UG A30 table (5.81/11.69/23.44 GiB)",
         "placements": "inferred: go-nvml mock a30.go (no lgipp seen on hardware)",
         "default_placement": "inferred: the 8-slice rule applied to 4 slices (no A30 output seen)",
@@ -770,7 +770,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "telemetry": "nvidia-smi -q on H100 80GB HBM3: 700 W limit, max clocks 1980/2619 MHz",
         "profiles": _LGIP_H100 + "; UG Table 7",
         "profile_memory": _LGIP_H100 + " (9.75/19.62/19.62/39.50/79.25 GiB)",
-        "placements": "lgipp on H100 (GCP Dataproc init script, 2024-12; reference notes §3)",
+        "placements": "lgipp on H100 (a public GCP Dataproc init script, 2024-12)",
         "default_placement": _PLACEMENT_RULE,
         "ci_profiles": _CI,
     },
@@ -780,23 +780,23 @@ SOURCES: dict[str, dict[str, str]] = {
         "reserved": "inferred: the H100 80GB HBM3 reading",
         "thresholds": "inferred: the H100 80GB HBM3 thresholds",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
-        "profiles": "names, IDs and slices as H100 80GB (reference notes §2 list both parts)",
+        "profiles": "names, IDs and slices as H100 80GB (UG Table 7 covers the H100 family)",
         "profile_memory": "inferred: the H100 80GB HBM3 lgip sizes",
         "sms": "inferred: the part has 114 SMs, so the SXM counts cannot hold; scaled per slice",
-        "placements": "same lgipp as H100 (reference notes §3)",
+        "placements": "inferred: the H100 80GB lgipp",
         "default_placement": _PLACEMENT_RULE,
         "ci_profiles": _CI,
     },
     "h100-nvl": {
         "identity": "UG 'Supported GPUs' (H100 NVL 0x232110DE); mig-parted config-default.yaml",
-        "memory": "nvidia-smi: 95830 MiB total (reference notes §2: 7g.94gb 93.12 GiB)",
+        "memory": "nvidia-smi: 95830 MiB total; 7g.94gb at 93.12 GiB in lgip",
         "reserved": "inferred: the H100 80GB HBM3 reading",
         "thresholds": "inferred: the H100 80GB HBM3 thresholds",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
         "profiles": _LGIP_H100_NVL,
-        "profile_memory": _LGIP_H100_NVL + " (10.75/21.62/46.38 GiB; 7g 93.12 from the notes)",
+        "profile_memory": _LGIP_H100_NVL + " (10.75/21.62/46.38 GiB; 7g 93.12)",
         "sms": _HOPPER_INFERRED_SM + " (lgip shows 16 and 26 and 32 for the small ones)",
-        "placements": "lgipp identical to A100's (NVIDIA H100 NVL blog, reference notes §3)",
+        "placements": "lgipp identical to A100's (NVIDIA H100 NVL blog)",
         "default_placement": _PLACEMENT_RULE,
         "ci_profiles": _CI,
     },
@@ -816,12 +816,12 @@ SOURCES: dict[str, dict[str, str]] = {
         "ci_profiles": _CI,
     },
     "h200-nvl": {
-        "identity": "reference notes §2 (H200 NVL 0x233B10DE shares H200's table); 600 W datasheet",
+        "identity": "mig-parted config-default.yaml (H200 NVL 0x233B10DE); 600 W datasheet",
         "memory": "inferred: the H200 SXM total",
         "reserved": "inferred: the H200 SXM reading",
         "thresholds": "inferred: the H100 thresholds",
         "telemetry": "inferred: idle power, clocks, VBIOS and subsystem id are plausible values",
-        "profiles": _LGIP_H200 + " (the notes give one table for H200 and H200 NVL)",
+        "profiles": _LGIP_H200 + " (mig-parted lists the same profiles for H200 NVL)",
         "profile_memory": "inferred: the H200 SXM lgip sizes",
         "placements": "inferred: the 8-slice geometry",
         "default_placement": _PLACEMENT_RULE,
@@ -943,7 +943,7 @@ def ci_profile(gi: GiProfile, profile_id: int) -> CiProfile | None:
 
 
 def ci_multiprocessors(gi: GiProfile, ci: CiProfile) -> int:
-    """SMs of a CI: the GI's SMs split evenly by SM slice (inferred; the notes give none)."""
+    """SMs of a CI: the GI's SMs split evenly by SM slice (inferred; no published table)."""
     if ci.slices == gi.compute_slices:
         return gi.multiprocessors
     return gi.multiprocessors // gi.compute_slices * ci.slices
