@@ -1,18 +1,24 @@
 """Scrape latency and size: pre-rendered snapshot vs collect-on-scrape, same code, same run.
 
-    .venv/bin/python bench/exporter_scrape.py [--requests 400] [--concurrency 1 20]
+    .venv/bin/python bench/exporter_scrape.py [--requests 400] [--concurrency 1 20] [--no-peer]
 
 Node: dgx-h100, 56 MIG instances, 300 pods (see exporter_node.py). "served" is the agent's
 design: the sampler renders each snapshot once and a scrape writes bytes. "collect" is the
 baseline many exporters use: every scrape samples NVML, polls the kubelet and renders, through
-the very same functions.
+the very same functions. "peer" is a third-party pynvml exporter, nvitop-exporter (pinned in the
+dev extras), run unmodified on the same simulated node through ``nodeagent sim exec``: it
+samples in a background loop (1 s) and renders its registry on every scrape.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -58,6 +64,36 @@ def scrape_many(port: int, scrapers: int, per_scraper: int, gzip: bool) -> tuple
     return latencies, max(sizes)
 
 
+def start_peer(state_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """nvitop-exporter on the simulated node in ``state_dir``; returns it once it serves."""
+    with socket.socket() as probe:  # a free loopback port for the exporter
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    env = dict(os.environ, NODEAGENT_SIM_STATE=str(state_dir))
+    nodeagent = str(Path(sys.executable).parent / "nodeagent")
+    command = [nodeagent, "sim", "exec", "--", "nvitop-exporter", "--bind-address", "127.0.0.1",
+               "--port", str(port), "--hostname", "bench", "--interval", "1"]  # fmt: skip
+    log = state_dir.parent / "nvitop-exporter.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until its first collection is in the registry
+        if proc.poll() is not None:
+            raise SystemExit(f"nvitop-exporter exited; see {log}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+            conn.close()
+            if b"gpu_memory_used" in body:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"nvitop-exporter did not serve within 60 s; see {log}")
+
+
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
@@ -66,6 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=400, help="requests per configuration")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 20])
+    parser.add_argument("--no-peer", action="store_true", help="skip nvitop-exporter")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
@@ -121,6 +158,21 @@ def main() -> None:
                     )
         finally:
             server.stop()
+    if not args.no_peer:
+        peer, port = start_peer(tmp / "sim")
+        try:
+            for scrapers in args.concurrency:
+                for gz in (False, True):
+                    per = max(1, args.requests // scrapers)
+                    scrape_many(port, scrapers, 2, gz)  # warm-up
+                    lat, size = scrape_many(port, scrapers, per, gz)
+                    rows.append(
+                        ("peer", scrapers, "gzip" if gz else "plain", len(lat),
+                         statistics.median(lat) * 1e3, p99(lat) * 1e3, size)
+                    )  # fmt: skip
+        finally:
+            peer.terminate()
+            peer.wait(timeout=30)
     kubelet.stop(None)
     node.close()
     print(
@@ -129,6 +181,14 @@ def main() -> None:
     )
     for mode, scrapers, enc, n, med, p, size in rows:
         print(f"{mode:8} {scrapers:>8} {enc:>8} {n:>8} {med:>10.2f} {p:>8.2f} {size:>8}")
+    served_rows = {(r[1], r[2]): r for r in rows if r[0] == "served"}
+    for mode, scrapers, enc, _, med, p, _ in rows:
+        if mode == "peer" and (scrapers, enc) in served_rows:
+            base = served_rows[(scrapers, enc)]
+            print(
+                f"peer / served, {scrapers} scrapers {enc}: median {med / base[4]:.1f}x, "
+                f"p99 {p / base[5]:.1f}x"
+            )
 
 
 if __name__ == "__main__":

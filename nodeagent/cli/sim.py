@@ -7,6 +7,8 @@ given by ``--state-dir`` / ``NODEAGENT_SIM_STATE`` and seeds an empty one from `
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +17,9 @@ import typer
 
 from nodeagent.cli.common import JsonOption, SimulateOption, StateDirOption, emit_json, fail
 from nodeagent.cli.common import print_table as _print_table
+from nodeagent.sim import sitedir
 from nodeagent.sim.control import SimControl, SimError
+from nodeagent.sim.nvml import ENV_SIM_TIME
 from nodeagent.sim.ops import (
     FAULT_KINDS,
     NVLINK_ERROR_BURST,
@@ -181,3 +185,59 @@ def process_remove_cmd(
         control.remove_process(pid)
     except SimError as exc:
         fail(str(exc), exc.hint)
+
+
+@app.command(
+    "exec",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def exec_cmd(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The program and its arguments, after `--`.", show_default=False),
+    ] = None,
+    at_time: Annotated[
+        float | None,
+        typer.Option(
+            "--at-time",
+            envvar=ENV_SIM_TIME,
+            help="Freeze the simulated telemetry at this Unix time, so that separate programs "
+            "read the same values.",
+            show_default=False,
+        ),
+    ] = None,
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Run a program with the simulated NVML standing in for its `pynvml` module.
+
+    The program sees the same simulated node as every other command on this state directory,
+    e.g. `nodeagent sim exec --simulate dgx-h100 -- gpustat --json`.
+    """
+    if not command:
+        fail("no command to run", "name it after `--`, e.g. nodeagent sim exec -- gpustat --json")
+    control = _run_or_fail(simulate, state_dir)
+    try:
+        control.state()  # seed the node now: the program must find it there
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+    env = dict(os.environ)
+    # Programs of nodeagent's own environment first: a `python` or a tool installed beside
+    # nodeagent can import the simulator, another interpreter cannot.
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH", "")) if p)
+    program = shutil.which(command[0], path=env["PATH"])
+    if program is None:
+        fail(f"command not found: {command[0]}", "check the name, or give its path")
+    env["NODEAGENT_SIM_STATE"] = str(control.store.state_dir.resolve())
+    if simulate:
+        env["NODEAGENT_SIMULATE"] = simulate
+    if at_time is not None:
+        env[ENV_SIM_TIME] = repr(at_time)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(sitedir.PATH), env.get("PYTHONPATH", "")) if p
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Replaced, not spawned: the program gets the terminal, the signals and the exit status.
+    os.execve(program, [program, *command[1:]], env)  # noqa: S606 - a program the user named

@@ -149,12 +149,19 @@ class SimControl:
         mig_uuid: str | None = None,
         used_memory_mib: int = 1024,
         load: float | None = None,
+        pid: int | None = None,
     ) -> int:
-        """Attach a fake compute process to a GPU or to a MIG device; return its PID."""
+        """Attach a compute process to a GPU or to a MIG device; return its PID.
+
+        ``pid`` names a process that exists on the host, for tools that look processes up;
+        without it the PID is made up.
+        """
         if used_memory_mib < 0:
             raise SimError(f"used memory {used_memory_mib} MiB is negative", "pass 0 or more")
         if load is not None and not 0.0 <= load <= 1.0:
             raise SimError(f"load {load} is outside 0..1", "pass a fraction such as 0.5")
+        if pid is not None and pid <= 0:
+            raise SimError(f"PID {pid} is not a process ID", "pass the PID of a running process")
         now = self.clock()
         state = self.state()
         self._check_gpu(state, gpu)
@@ -164,13 +171,13 @@ class SimControl:
                 f"GPU {gpu} has MIG enabled: processes run on MIG devices",
                 "pass --mig UUID (list MIG devices with `nodeagent mig show`)",
             )
-        pid: int = self._change(
+        attached: int = self._change(
             gpu,
             mig_uuid,
-            lambda s: ops.add_process(s, gpu, mig_uuid, used_memory_mib, load, now),
+            lambda s: ops.add_process(s, gpu, mig_uuid, used_memory_mib, load, now, pid),
             what="add a process",
         )
-        return pid
+        return attached
 
     def remove_process(self, pid: int) -> None:
         """Detach the fake process ``pid``."""
@@ -191,7 +198,31 @@ class SimControl:
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         """Set the pending MIG mode (takes effect at ``reset_gpu``)."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
-        self._change(index, None, lambda s: ops.set_mig_mode(s, index, mode), what="set MIG mode")
+        now = self.clock()
+        self._change(
+            index, None, lambda s: ops.set_mig_mode(s, index, mode, now), what="set MIG mode"
+        )
+
+    def set_semantics(self, **flags: bool) -> dict[str, bool]:
+        """Switch driver behaviours of this node (``ops.SEMANTICS``); returns them all.
+
+        Raises SimError for a name that is not one of them.
+        """
+        unknown = sorted(set(flags) - set(ops.SEMANTICS))
+        if unknown:
+            raise SimError(
+                f"unknown semantics {', '.join(unknown)}",
+                f"choose from: {', '.join(ops.SEMANTICS)}",
+            )
+        self.state()
+
+        def change(state: State) -> dict[str, bool]:
+            chosen = ops.semantics(state) | {k: bool(v) for k, v in flags.items()}
+            state["semantics"] = chosen
+            return chosen
+
+        result: dict[str, bool] = self.store.mutate(change)
+        return result
 
     # --- helpers ------------------------------------------------------------------------------
     @staticmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-from nodeagent.sim import models, ops, presets, telemetry
+from nodeagent.sim import cabi, models, ops, presets, telemetry
 from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
 from nodeagent.sim.watch import ChangeWaiter
 
@@ -33,6 +34,19 @@ _MAGIC = 0x5
 _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET = 1, 2, 3, 4, 5
 _SERIAL_MASK = (1 << 24) - 1
 
+
+ENGINE_SAMPLING_PERIOD_US = 167000
+
+FIELD_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+FIELD_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+NVLINK_THROUGHPUT_FIELDS = frozenset(
+    {
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX,
+    }
+)
 
 SUPPORTED_EVENTS = (
     pynvml.nvmlEventTypeSingleBitEccError
@@ -76,6 +90,22 @@ def _tracked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
             _calling.name = None
 
     return call
+
+
+ENV_SIM_TIME = "NODEAGENT_SIM_TIME"
+
+
+def clock_from_env() -> Callable[[], float]:
+    """The real wall clock, or a fixed one at the Unix time in ``NODEAGENT_SIM_TIME``.
+
+    A fixed time freezes the simulated telemetry, so that separate programs reading the same
+    node (``nodeagent status`` and a third-party tool, say) see the same values.
+    """
+    fixed = os.environ.get(ENV_SIM_TIME)
+    if not fixed:
+        return time.time
+    at = float(fixed)
+    return lambda: at
 
 
 def _encode(kind: int, gpu: int = 0, gi: int = 0, ci: int = 0, serial: int = 0) -> int:
@@ -131,21 +161,24 @@ class SimNvml:
         state_dir: the node's state directory (shared with other processes); ``None`` means
             ``default_state_dir()`` (env ``NODEAGENT_SIM_STATE``, else the user's state dir).
         preset: seeds an empty state directory at ``nvmlInit``; an existing node is used as it is.
-        clock: wall clock for telemetry and event timestamps (tests pass a fake one).
+        clock: wall clock for telemetry and event timestamps (tests pass a fake one); ``None``
+            is the real clock, or the fixed time in ``NODEAGENT_SIM_TIME`` when that is set.
     """
 
     def __init__(
         self,
         state_dir: Path | str | None = None,
         preset: str | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        clock = clock or clock_from_env()
         self.store = StateStore(Path(state_dir or default_state_dir()), clock=clock)
         self.preset = preset
         self.clock = clock
         self._init_count = 0
         self._lock = threading.Lock()
         self._event_sets: dict[int, dict[str, Any]] = {}
+        self._entry_points: dict[str, cabi.Entry] | None = None
         self._next_event_set = 1
         for code, text in _ERROR_STRINGS.items():
             pynvml.NVMLError._errcode_to_string.setdefault(code, text)
@@ -159,13 +192,39 @@ class SimNvml:
         if callable(value) and name.startswith("nvml") and name not in _PASSTHROUGH:
             if isinstance(value, type):
                 return value
-
-            def not_supported(*_args: Any, **_kwargs: Any) -> Any:
-                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-            not_supported.__name__ = name
-            return not_supported
+            return self._not_supported(name)
         return value
+
+    def __dir__(self) -> list[str]:
+        """pynvml's names and the simulator's own, as ``dir(pynvml)`` would list them."""
+        return sorted(set(vars(pynvml)) | set(super().__dir__()))
+
+    def _not_supported(self, name: str) -> Callable[..., Any]:
+        """An NVML function the simulated driver has but does not support on its GPUs."""
+
+        def not_supported(*_args: Any, **_kwargs: Any) -> Any:
+            if self._init_count <= 0:
+                raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+        not_supported.__name__ = name
+        return not_supported
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """The C entry point ``name`` (see :mod:`nodeagent.sim.cabi`), as pynvml's function.
+
+        UNINITIALIZED before ``nvmlInit`` and FUNCTION_NOT_FOUND for a symbol the simulated
+        driver lacks, as pynvml raises them.
+        """
+        if self._init_count <= 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        with self._lock:
+            if self._entry_points is None:
+                self._entry_points = cabi.entry_points(self)
+        entry = self._entry_points.get(name)
+        if entry is None:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return cabi.FunctionPointer(name, entry)
 
     # --- plumbing ---------------------------------------------------------------------------
     def _state(self, *, fresh: bool = False) -> State:
@@ -384,7 +443,7 @@ class SimNvml:
     # --- static facts -----------------------------------------------------------------------
     def nvmlDeviceGetName(self, handle: Any) -> str:
         """Product name; a MIG device reports "<GPU name> MIG <profile>"."""
-        _, gpu, mig = self._any_device(handle)
+        state, gpu, mig = self._any_device(handle)
         model = ops.gpu_model(gpu)
         if mig is None:
             return model.name
@@ -392,7 +451,8 @@ class SimNvml:
         gip = ops.gi_profile_of(gpu, gi)
         cip = models.ci_profile(gip, ci["profile_id"])
         assert cip is not None
-        return f"{model.name} MIG {models.ci_name(gip, cip)}"
+        gi_name, _ = model.reported(gip, str(state["driver_version"]))
+        return f"{model.name} MIG {models.ci_name(gip, cip, gi_name)}"
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         """``GPU-...`` UUID, or ``MIG-...`` for a MIG device."""
@@ -447,39 +507,108 @@ class SimNvml:
         _, gpu, _ = self._any_device(handle)
         return ops.gpu_model(gpu).compute_capability
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        """Framebuffer total/free/used in bytes; a MIG device reports its GPU instance's share."""
+    def _memory_mib(self, handle: Any) -> tuple[int, int, int]:
+        """(total, reserved, used) MiB of a GPU or MIG device; used excludes reserved."""
         state, gpu, mig = self._any_device(handle)
         model = ops.gpu_model(gpu)
         index = gpu["index"]
         if mig is None:
-            total_mib = model.memory_mib
-            used_mib = telemetry.IDLE_MEMORY_MIB + sum(
+            used = telemetry.IDLE_MEMORY_MIB + sum(
                 p["mem_mib"] for p in ops.processes_on(state, index)
             )
-        else:
-            gi, _ = mig
-            total_mib = ops.gi_profile_of(gpu, gi).memory_mib
-            used_mib = sum(p["mem_mib"] for p in ops.processes_on(state, index, gi["id"]))
+            return model.memory_mib, model.reserved_mib, used
+        gi, _ = mig
+        _, total = model.reported(ops.gi_profile_of(gpu, gi), str(state["driver_version"]))
+        used = sum(p["mem_mib"] for p in ops.processes_on(state, index, gi["id"]))
+        return total, 0, used
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        """Framebuffer memory in bytes; a MIG device reports its GPU instance's share.
+
+        v1 (no ``version``) counts the memory the driver and firmware reserve as used, as the
+        old API does; v2 (``version=nvmlMemory_v2``) reports it apart in ``reserved``, and
+        ``used`` is what processes allocated. ``free`` is the same in both.
+        """
+        if version and version != pynvml.nvmlMemory_v2:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        total_mib, reserved_mib, used_mib = self._memory_mib(handle)
         total = total_mib * models.MIB
-        used = min(total, used_mib * models.MIB)
+        reserved = min(total, reserved_mib * models.MIB)
+        used = min(total - reserved, used_mib * models.MIB)
         if version:
             memory_v2 = pynvml.c_nvmlMemory_v2_t()
             memory_v2.version = version
-            memory_v2.total, memory_v2.reserved = total, 0
-            memory_v2.used, memory_v2.free = used, total - used
+            memory_v2.total, memory_v2.reserved = total, reserved
+            memory_v2.used, memory_v2.free = used, total - reserved - used
             return memory_v2
         memory = pynvml.c_nvmlMemory_t()
-        memory.total, memory.used, memory.free = total, used, total - used
+        memory.total, memory.used = total, reserved + used
+        memory.free = total - reserved - used
         return memory
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any) -> Any:
+        """``nvmlDeviceGetMemoryInfo`` with the v2 struct (reserved memory apart)."""
+        return self.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+
+    def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any) -> Any:
+        """BAR1 aperture total/free/used in bytes (``c_nvmlBAR1Memory_t``).
+
+        A MIG device gets half the GPU's aperture less 1 MiB (inferred from one A100 output:
+        its 2g.10gb devices showed 32767 MiB); 1 MiB of it is in use, as idle outputs show.
+        """
+        _, gpu, mig = self._any_device(handle)
+        total_mib = ops.gpu_model(gpu).bar1_mib
+        if not total_mib:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if mig is not None:
+            total_mib = total_mib // 2 - 1
+        info = pynvml.c_nvmlBAR1Memory_t()
+        info.bar1Total = total_mib * models.MIB
+        info.bar1Used = models.MIB
+        info.bar1Free = info.bar1Total - info.bar1Used
+        return info
+
+    # --- modes ------------------------------------------------------------------------------
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
+        """Enabled: datacenter nodes run nvidia-persistenced (inferred, as on DGX systems)."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        """NVML_COMPUTEMODE_DEFAULT (the simulator has no compute-mode setting)."""
+        self._gpu(handle)
+        return int(pynvml.NVML_COMPUTEMODE_DEFAULT)
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
+        """P0, as busy and idle datacenter GPUs with persistence mode report (nvidia-smi -q)."""
+        self._gpu(handle)
+        return 0
+
+    def nvmlDeviceGetDisplayMode(self, handle: Any) -> int:
+        """Disabled: no display is attached to a datacenter GPU."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetDisplayActive(self, handle: Any) -> int:
+        """Disabled: no display is attached to a datacenter GPU."""
+        self._gpu(handle)
+        return int(pynvml.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
+        """[current, pending] ECC mode: enabled, as datacenter parts ship."""
+        self._gpu(handle)
+        return [int(pynvml.NVML_FEATURE_ENABLED), int(pynvml.NVML_FEATURE_ENABLED)]
 
     # --- telemetry --------------------------------------------------------------------------
     def _procs(self, state: State, gpu: dict[str, Any]) -> list[dict[str, Any]]:
         return ops.processes_on(state, gpu["index"])
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        """GPU and memory utilization in percent (``c_nvmlUtilization_t``)."""
+        """GPU and memory utilization in percent; NOT_SUPPORTED while MIG is enabled."""
         state, gpu = self._gpu(handle)
+        if gpu["mig"]["current"]:
+            # With MIG on, the GPU-wide counters are not kept (nvidia-smi shows N/A).
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         util = pynvml.c_nvmlUtilization_t()
         util.gpu, util.memory = telemetry.utilization(gpu, self._procs(state, gpu), self.clock())
         return util
@@ -491,6 +620,42 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return telemetry.temperature_c(gpu, self._procs(state, gpu), self.clock())
 
+    def nvmlDeviceGetTemperatureV(
+        self, handle: Any, sensor: int, version: int = pynvml.nvmlTemperature_v1
+    ) -> int:
+        """``nvmlDeviceGetTemperature`` through the versioned struct (R550 and newer)."""
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self.nvmlDeviceGetTemperature(handle, sensor)
+
+    def nvmlDeviceGetTemperatureV1(self, handle: Any, sensor: int) -> int:
+        """Same as ``nvmlDeviceGetTemperatureV`` with version 1."""
+        return self.nvmlDeviceGetTemperatureV(handle, sensor)
+
+    def _engine_utilization(self, handle: Any) -> list[int]:
+        _, gpu = self._gpu(handle)
+        if gpu["mig"]["current"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        # No simulated process uses the media engines: 0 %, over the sampling period NVML
+        # reports for them (inferred: 167 ms, a value seen on datacenter parts).
+        return [0, ENGINE_SAMPLING_PERIOD_US]
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 (supported on H100 and the other parts)."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetJpgUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
+    def nvmlDeviceGetOfaUtilization(self, handle: Any) -> list[int]:
+        """[utilization %, sampling period us]; 0 %."""
+        return self._engine_utilization(handle)
+
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         """Slowdown / shutdown / GPU max thresholds in Celsius."""
         _, gpu = self._gpu(handle)
@@ -498,7 +663,7 @@ class SimNvml:
         values = {
             pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: model.shutdown_c,
             pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: model.slowdown_c,
-            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: model.slowdown_c - 5,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: model.gpu_max_c,
         }
         if threshold not in values:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -713,6 +878,86 @@ class SimNvml:
         """Same as ``nvmlDeviceGetComputeRunningProcesses_v3``."""
         return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
 
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetComputeRunningProcesses_v3`` (the v2 struct has its fields)."""
+        return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        """Graphics processes: none. The call is supported (H100 answers an empty list)."""
+        self._any_device(handle)
+        return []
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetGraphicsRunningProcesses_v3``."""
+        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetGraphicsRunningProcesses_v3``."""
+        return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        """MPS processes: none (MPS is not simulated)."""
+        self._any_device(handle)
+        return []
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""
+        return self.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
+        """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""
+        return self.nvmlDeviceGetMPSComputeRunningProcesses_v3(handle)
+
+    # --- field values -----------------------------------------------------------------------
+    def _field(self, handle: Any, field_id: int) -> tuple[int, int | float]:
+        """(NVML value type, value) of one field; NVMLError(code) when it is not available."""
+        if field_id == pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+            return FIELD_ULL, self.nvmlDeviceGetTotalEnergyConsumption(handle)
+        if field_id == pynvml.NVML_FI_DEV_POWER_INSTANT:
+            return FIELD_UINT, self.nvmlDeviceGetPowerUsage(handle)
+        if field_id == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+            return FIELD_ULL, self.nvmlDeviceGetPcieReplayCounter(handle)
+        _, gpu = self._gpu(handle)
+        links = len(gpu["nvlinks"])
+        if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
+            return FIELD_UINT, links
+        if field_id in NVLINK_THROUGHPUT_FIELDS and links:
+            return FIELD_ULL, 0  # no simulated traffic crosses NVLink
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def fill_field_values(self, handle: Any, values: list[Any]) -> None:
+        """Answer each ``c_nvmlFieldValue_t`` in place: value and type, or its own error code.
+
+        As in NVML the call itself succeeds when the handle is good; a field the simulator does
+        not model gets NOT_SUPPORTED in its ``nvmlReturn``.
+        """
+        self._any_device(handle)
+        stamp = int(self.clock() * 1_000_000)
+        for slot in values:
+            slot.timestamp, slot.latencyUsec = stamp, 0
+            try:
+                kind, value = self._field(handle, int(slot.fieldId))
+            except pynvml.NVMLError as exc:
+                slot.nvmlReturn = int(exc.value)
+                continue
+            slot.nvmlReturn = int(pynvml.NVML_SUCCESS)
+            slot.valueType = kind
+            if kind == FIELD_ULL:
+                slot.value.ullVal = int(value)
+            else:
+                slot.value.uiVal = int(value)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:
+        """A ``c_nvmlFieldValue_t`` array for ``fieldIds`` (ids, or (id, scope) pairs)."""
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for slot, field in zip(values, fieldIds, strict=True):
+            if isinstance(field, tuple):
+                slot.fieldId, slot.scopeId = field
+            else:
+                slot.fieldId = field
+        self.fill_field_values(handle, list(values))
+        return values
+
     # --- events -----------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:
         """A new event set; it sees events queued after this call."""
@@ -815,11 +1060,12 @@ class SimNvml:
         """
         _, gpu = self._gpu(device)
         index = gpu["index"]
-        return int(self._mutate(lambda s: ops.set_mig_mode(s, index, mode)))
+        now = self.clock()
+        return int(self._mutate(lambda s: ops.set_mig_mode(s, index, mode, now)))
 
     # --- GPU-instance profiles --------------------------------------------------------------
     @staticmethod
-    def _fill_gi_info(info: Any, profile: models.GiProfile) -> Any:
+    def _fill_gi_info(info: Any, profile: models.GiProfile, name: str, memory_mib: int) -> Any:
         info.id = profile.profile_id
         info.isP2pSupported = 0
         info.sliceCount = profile.compute_slices
@@ -830,10 +1076,26 @@ class SimNvml:
         info.encoderCount = profile.encoders
         info.jpegCount = profile.jpeg
         info.ofaCount = profile.ofa
-        info.memorySizeMB = profile.memory_mib
+        info.memorySizeMB = memory_mib
         if hasattr(info, "name"):
-            info.name = f"MIG {profile.name}".encode()
+            info.name = f"MIG {name}".encode()
         return info
+
+    def _gi_info(
+        self, state: State, gpu: dict[str, Any], profile: models.GiProfile, v2: bool
+    ) -> Any:
+        if ops.semantics(state)["profile_info_needs_mig"] and not gpu["mig"]["current"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        name, memory = ops.gpu_model(gpu).reported(profile, str(state["driver_version"]))
+        struct = (
+            pynvml.c_nvmlGpuInstanceProfileInfo_v2_t
+            if v2
+            else pynvml.c_nvmlGpuInstanceProfileInfo_t
+        )
+        info = struct()
+        if v2:
+            info.version = pynvml.nvmlGpuInstanceProfileInfo_v2
+        return self._fill_gi_info(info, profile, name, memory)
 
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: Any, profile: int, version: int = 2
@@ -841,9 +1103,10 @@ class SimNvml:
         """Profile info by ``NVML_GPU_INSTANCE_PROFILE_*`` index constant.
 
         INVALID_ARGUMENT past the last constant, NOT_SUPPORTED for a profile the GPU lacks (and
-        on GPUs without MIG). Works whatever the current MIG mode: the geometry is fixed.
+        on GPUs without MIG). Works whatever the current MIG mode unless the node has the
+        ``profile_info_needs_mig`` semantics, which answers NOT_SUPPORTED while MIG is off.
         """
-        _, gpu = self._gpu(device)
+        state, gpu = self._gpu(device)
         model = ops.require_mig_capable(gpu)
         if version not in (1, 2):
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -852,9 +1115,7 @@ class SimNvml:
         found = model.profile_by_index(profile)
         if found is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if version == 2:
-            return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_v2_t(), found)
-        return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_t(), found)
+        return self._gi_info(state, gpu, found, version == 2)
 
     def nvmlDeviceGetGpuInstanceProfileInfoV(
         self, device: Any, profile: int, version: int = 2
@@ -870,9 +1131,9 @@ class SimNvml:
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, device: Any, profileId: int) -> Any:
         """Profile info (v2 struct) by profile ID."""
-        _, gpu = self._gpu(device)
+        state, gpu = self._gpu(device)
         found = self._profile_by_id(gpu, profileId)
-        return self._fill_gi_info(pynvml.c_nvmlGpuInstanceProfileInfo_v2_t(), found)
+        return self._gi_info(state, gpu, found, True)
 
     def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, device: Any, profileId: int) -> Any:
         """Alias of ``nvmlDeviceGetGpuInstanceProfileInfoById``."""
@@ -1000,7 +1261,7 @@ class SimNvml:
         self, device: Any, profile: int, engProfile: int, version: int = 2
     ) -> Any:
         """CI profile info inside a GI, by ``NVML_COMPUTE_INSTANCE_PROFILE_*`` constant."""
-        _, gpu, gi = self._gi(device)
+        state, gpu, gi = self._gi(device)
         if version not in (1, 2):
             raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT or engProfile != 0:
@@ -1012,7 +1273,8 @@ class SimNvml:
         if version == 2:
             info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
             info.version = pynvml.nvmlComputeInstanceProfileInfo_v2
-            info.name = models.ci_name(gip, cip).encode()
+            gi_name, _ = ops.gpu_model(gpu).reported(gip, str(state["driver_version"]))
+            info.name = models.ci_name(gip, cip, gi_name).encode()
         else:
             info = pynvml.c_nvmlComputeInstanceProfileInfo_t()
         info.id = cip.profile_id
@@ -1168,9 +1430,12 @@ class SimNvml:
         return int(mig[1]["id"])
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
-        """Most MIG devices the GPU can hold (7, or 4 on A30); 0 while MIG is off."""
+        """Most MIG devices the GPU can hold (7, or 4 on A30); 0 while MIG is off.
+
+        0 also on a GPU without MIG (nvml.h: "0 if MIG is not supported or enabled").
+        """
         _, gpu = self._gpu(device)
-        model = ops.require_mig_capable(gpu)
+        model = ops.gpu_model(gpu)
         return model.max_mig_devices if gpu["mig"]["current"] else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:

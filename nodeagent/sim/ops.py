@@ -5,11 +5,13 @@ Every function works on a state dict (see :mod:`nodeagent.sim.state`) inside a l
 return, so the NVML surface and the control API share one set of rules.
 
 GPU-instance placement without an explicit placement (``nvmlDeviceCreateGpuInstance``) follows
-this documented heuristic, which reproduces every example in NVIDIA's MIG user guide:
+the rule in :func:`default_start`, which reproduces the examples in NVIDIA's MIG user guide and
+public ``nvidia-smi mig -lgi`` outputs: the upper half of the memory slices fills first (the
+profile's last legal slot there, then the others from the bottom up), then the lower half from
+the bottom up. That keeps 0:4, the one place a 4g fits, free the longest.
 
-* a one-slice profile (1g, 1g+me) takes its last legal slot (slot 6 on 8-slice parts) if
-  free, else the lowest free slot;
-* every other profile takes its highest free legal placement.
+Two driver behaviours that the agent's GPU layer depends on are switchable per node
+(:data:`SEMANTICS`, ``SimControl.set_semantics``); see docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -57,6 +59,25 @@ FAULT_KINDS = (
     "power-brake",
     "nvml-error",
 )
+
+# Driver behaviours that differ from what the simulator did first, switchable per node because
+# code outside the simulator was written against the old ones (docs/simulator.md, "Semantics").
+SEMANTICS: dict[str, bool] = {
+    # nvmlDeviceSetMigMode takes effect at once on an idle GPU: Hopper and newer need no reset,
+    # and Ampere's driver resets the GPU itself when it can (MIG User Guide, "GPU Reset on
+    # Hopper+"; nvml.h nvmlDeviceSetMigMode). Off: the mode stays pending until a GPU reset.
+    "mig_mode_applies_at_once": True,
+    # nvmlDeviceGetGpuInstanceProfileInfo* answer NOT_SUPPORTED while MIG is disabled (nvml.h).
+    # Off: the profile tables can be read whatever the mode.
+    "profile_info_needs_mig": False,
+}
+
+
+def semantics(state: State) -> dict[str, bool]:
+    """The node's driver behaviours: :data:`SEMANTICS` overridden by the node's own choice."""
+    chosen: dict[str, bool] = state.get("semantics") or {}
+    return {key: bool(chosen.get(key, default)) for key, default in SEMANTICS.items()}
+
 
 # Per-link NVLink error counters the simulator keeps (NVML_NVLINK_ERROR_DL_*).
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit")
@@ -123,11 +144,13 @@ def require_mig_enabled(gpu: Gpu) -> models.GpuModel:
     return model
 
 
-def set_mig_mode(state: State, index: int, mode: int) -> int:
-    """Set the pending MIG mode; return the activation status NVML would report.
+def set_mig_mode(state: State, index: int, mode: int, now: float | None = None) -> int:
+    """Set the MIG mode; return the activation status NVML would report.
 
-    The mode becomes current only at a GPU reset (``reset_gpu``). The status is IN_USE while
-    processes run on the GPU (the driver could not unbind it), else SUCCESS.
+    The status is IN_USE while processes run on the GPU (the driver could not unbind it), else
+    SUCCESS. By default the mode becomes current only at a GPU reset (``reset_gpu``); with the
+    ``mig_mode_applies_at_once`` semantics an idle GPU switches at once, as the driver does
+    (resetting an Ampere GPU itself), and a busy one stays pending.
     """
     gpu = get_gpu(state, index)
     require_mig_capable(gpu)
@@ -136,6 +159,13 @@ def set_mig_mode(state: State, index: int, mode: int) -> int:
     gpu["mig"]["pending"] = mode
     if processes_on(state, index):
         return int(pynvml.NVML_ERROR_IN_USE)
+    if semantics(state)["mig_mode_applies_at_once"] and gpu["mig"]["current"] != mode:
+        if gpu_model(gpu).generation == "ampere":
+            reset_gpu(state, index, float(state.get("created_s", 0.0)) if now is None else now)
+        else:
+            # Hopper and newer switch without a reset: nothing else about the GPU changes.
+            gpu["mig"]["current"] = mode
+            gpu["instances"] = []
     return int(pynvml.NVML_SUCCESS)
 
 
@@ -170,8 +200,25 @@ def _free(gpu: Gpu, start: int, size: int) -> bool:
     return not any(_overlaps(start, size, gi["start"], gi["size"]) for gi in gpu["instances"])
 
 
+def _engines_free(gpu: Gpu, profile: models.GiProfile) -> bool:
+    """Whether the GPU's decoders, JPEG and OFA engines not yet owned cover ``profile``'s."""
+    model = gpu_model(gpu)
+    pool_dec, pool_jpeg, pool_ofa = model.engine_pool
+    held = [p for gi in gpu["instances"] if (p := model.profile_by_id(gi["profile_id"]))]
+    return (
+        sum(p.decoders for p in held) + profile.decoders <= pool_dec
+        and sum(p.jpeg for p in held) + profile.jpeg <= pool_jpeg
+        and sum(p.ofa for p in held) + profile.ofa <= pool_ofa
+    )
+
+
 def remaining_capacity(gpu: Gpu, profile: models.GiProfile) -> int:
-    """How many more instances of ``profile`` fit now (placement, count and SM limits)."""
+    """How many more instances of ``profile`` fit now (placement, count, SM and engine limits).
+
+    Engines: a GPU has the media engines of its whole-GPU profile and every instance owns its
+    own, so a second "+me" instance finds no JPEG/OFA left on an A30 or an A100 (the A30 has one
+    of each: MIG User Guide A30 table), whatever room its slices have.
+    """
     model = gpu_model(gpu)
     existing = sum(1 for gi in gpu["instances"] if gi["profile_id"] == profile.profile_id)
     used_compute = sum(
@@ -180,6 +227,8 @@ def remaining_capacity(gpu: Gpu, profile: models.GiProfile) -> int:
         if (p := model.profile_by_id(gi["profile_id"])) is not None
     )
     by_compute = (model.max_mig_devices - used_compute) // profile.compute_slices
+    if not _engines_free(gpu, profile):
+        return 0
     fitting = 0
     taken: list[tuple[int, int]] = []
     for start in profile.starts:  # greedy from the left is optimal for aligned equal sizes
@@ -191,28 +240,50 @@ def remaining_capacity(gpu: Gpu, profile: models.GiProfile) -> int:
     return max(0, min(fitting, profile.max_count - existing, by_compute))
 
 
-def default_start(starts: Sequence[int], size: int, taken: Iterable[tuple[int, int]]) -> int | None:
-    """The start ``nvmlDeviceCreateGpuInstance`` picks without a placement (module docstring).
+def default_order(starts: Sequence[int], size: int, memory_slices: int | None = None) -> list[int]:
+    """The order in which ``nvmlDeviceCreateGpuInstance`` tries a profile's legal starts.
+
+    Upper half of the memory slices first: its last legal start, then the others there from the
+    bottom up; then the lower half from the bottom up. For the 8-slice parts that gives 1g
+    6, 4, 5, 0, 1, 2, 3; 2g 4, 0, 2; 3g 4, 0 (MIG user guide examples, public ``-lgi``
+    outputs). ``memory_slices`` defaults to the smallest power of two that holds every
+    placement (8, or 4 on an A30).
+    """
+    ordered = sorted(set(starts))
+    if not ordered:
+        return []
+    total = memory_slices or 1 << (max(ordered) + size - 1).bit_length()
+    upper = [s for s in ordered if s >= total // 2]
+    lower = [s for s in ordered if s < total // 2]
+    if upper:
+        upper = [upper[-1], *upper[:-1]]
+    return upper + lower
+
+
+def default_start(
+    starts: Sequence[int],
+    size: int,
+    taken: Iterable[tuple[int, int]],
+    memory_slices: int | None = None,
+) -> int | None:
+    """The start ``nvmlDeviceCreateGpuInstance`` picks without a placement (:func:`default_order`).
 
     A pure function of the profile's legal ``starts`` (each ``size`` memory slices) and the
     ``(start, size)`` of the instances already on the GPU; ``None`` when no legal start is free.
-    The profile's count and compute limits are the caller's to check. The churn benchmark
-    (bench/mig_churn.py) measures this heuristic as the driver-default baseline.
+    The profile's count, compute and engine limits are the caller's to check. The churn
+    benchmark (bench/mig_churn.py) measures this rule as the driver-default baseline.
     """
     held = list(taken)
-    free = [s for s in sorted(starts) if not any(_overlaps(s, size, a, n) for a, n in held)]
-    if not free:
-        return None
-    if size == 1:
-        last = max(starts)
-        return last if last in free else free[0]
-    return free[-1]
+    for start in default_order(starts, size, memory_slices):
+        if not any(_overlaps(start, size, a, n) for a, n in held):
+            return start
+    return None
 
 
 def pick_placement(gpu: Gpu, profile: models.GiProfile) -> int | None:
     """The start ``nvmlDeviceCreateGpuInstance`` picks on ``gpu`` (:func:`default_start`)."""
     taken = [(gi["start"], gi["size"]) for gi in gpu["instances"]]
-    return default_start(profile.starts, profile.slices, taken)
+    return default_start(profile.starts, profile.slices, taken, gpu_model(gpu).memory_slices)
 
 
 def create_gpu_instance(
@@ -238,8 +309,13 @@ def create_gpu_instance(
             raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     elif not _free(gpu, start, profile.slices):
         raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    gi_id = models.gi_instance_id(
+        model.memory_slices, profile.slices, (g["id"] for g in gpu["instances"])
+    )
+    if gi_id is None:
+        raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     gi = {
-        "id": models.gi_instance_id(model.memory_slices, start, profile.slices),
+        "id": gi_id,
         "profile_id": profile.profile_id,
         "start": start,
         "size": profile.slices,
@@ -379,8 +455,13 @@ def add_process(
     used_memory_mib: int,
     load: float | None,
     now: float,
+    pid: int | None = None,
 ) -> int:
-    """Attach a fake process to a GPU or MIG device; return its PID."""
+    """Attach a process to a GPU or MIG device; return its PID.
+
+    ``pid`` attaches a process that exists on the host (so tools that look it up, as gpustat
+    and nvitop do with psutil, find it); ``None`` makes up a PID from the node's counter.
+    """
     gpu = get_gpu(state, index)
     gi_id = ci_id = None
     if mig_uuid is not None:
@@ -391,9 +472,12 @@ def add_process(
     elif gpu["mig"]["current"]:
         # With MIG on, CUDA sees only MIG devices: a process must name one.
         raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    if pid is not None and any(p["pid"] == pid for p in state["processes"]):
+        raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # already attached
     checkpoint_energy(state, index, now)
-    pid = int(state["next_pid"])
-    state["next_pid"] = pid + 1
+    if pid is None:
+        pid = int(state["next_pid"])
+        state["next_pid"] = pid + 1
     state["processes"].append(
         {
             "pid": pid,

@@ -35,6 +35,7 @@ class Preset:
     gpus: int
     fabric: str  # "nvswitch", "bridge-pairs" or "pcie"
     buses: tuple[int, ...]
+    switch_chips: int = 0  # NVSwitch chips on the board; 0: 6 for 12-link GPUs, else 4
 
     def numa_node(self, index: int) -> int:
         """NUMA node of a GPU: the lower half of an 8-GPU node sits on node 0."""
@@ -59,6 +60,12 @@ PRESETS: dict[str, Preset] = {
         Preset("a30x4", "4x A30 24GB on PCIe (MIG with 4 slices), 1 NUMA node",
                "a30", 4, "pcie", _PCIE_BUSES[:4]),
         Preset("t4", "1x Tesla T4 16GB (no MIG, no NVLink)", "t4", 1, "pcie", _PCIE_BUSES[:1]),
+        # DGX B200 datasheet: 8x B200, fifth-generation NVLink through 2 NVSwitch chips (NV18).
+        Preset("dgx-b200", "DGX B200: 8x B200 180GB, NVSwitch (NV18), 2 NUMA nodes",
+               "b200", 8, "nvswitch", _HGX_BUSES, switch_chips=2),
+        # One Grace Hopper superchip per node: the GPU's NVLink-C2C goes to its CPU only.
+        Preset("gh200", "1x GH200 480GB superchip (H100 96GB, MIG), no GPU peers", "gh200", 1,
+               "pcie", _PCIE_BUSES[:1]),
     )
 }  # fmt: skip
 
@@ -120,7 +127,7 @@ def nvlink_peers(preset: Preset, index: int, links: int) -> list[dict[str, Any]]
     """
     if preset.fabric == "nvswitch":
         # HGX boards spread each GPU's ports over the switch chips (6 on A100, 4 on H100).
-        switches = 6 if links == 12 else 4
+        switches = preset.switch_chips or (6 if links == 12 else 4)
         return [{"switch": port % switches} for port in range(links)]
     if preset.fabric == "bridge-pairs":
         return [{"gpu": index ^ 1} for _ in range(links)]

@@ -19,7 +19,9 @@ import pynvml
 from nodeagent.sim import models
 
 FULL_GPU_LOAD = 0.8  # utilization share of a process that owns a whole GPU (0..1)
-IDLE_MEMORY_MIB = 4  # driver-reserved memory nvidia-smi shows as used on an idle GPU
+# Memory an idle GPU shows as used beside the reserved memory (nvidia-smi -q "Used: 1 MiB" on an
+# idle H200, driver 550.90.12; 0-2 MiB on H100 outputs).
+IDLE_MEMORY_MIB = 1
 IDLE_SM_CLOCK_MHZ = 210  # SM clock of an idle datacenter GPU
 
 # Power faults. Under the SW power cap the board holds its draw just under the enforced limit and
@@ -138,7 +140,8 @@ def temperature_c(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) 
     """GPU temperature in Celsius: follows power; above slowdown under a thermal fault."""
     model = models.MODELS[gpu["model"]]
     if gpu["faults"]["thermal"]:
-        return model.slowdown_c + 3
+        # Past the slowdown threshold, short of shutdown (3 C apart on Hopper).
+        return min(model.slowdown_c + 3, model.shutdown_c - 1)
     span = model.power_limit_w - model.idle_power_w
     heat = (power_w(gpu, procs, now) - model.idle_power_w) / span
     idle_c = 30 + int(wave(gpu["uuid"]).phase) % 5

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import permutations
+from pathlib import Path
 
 import pytest
 
 from nodeagent.gpu.errors import InvalidArgument
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import LinkKind
+from nodeagent.sim.control import SimControl
 
 MakeNode = Callable[..., GpuNode]
 MIB = 1024 * 1024
@@ -64,8 +66,12 @@ def test_dgx_h100_facts(make_node: MakeNode) -> None:
     assert not info.mig_pending
 
 
-def test_mig_mode_is_reread_while_static_facts_are_cached(make_node: MakeNode) -> None:
+def test_mig_mode_is_reread_while_static_facts_are_cached(
+    make_node: MakeNode, sim_state_dir: Path
+) -> None:
     node = make_node("dgx-h100")
+    # A driver that leaves the mode pending until a reset (the simulator's semantics switch).
+    SimControl(sim_state_dir).set_semantics(mig_mode_applies_at_once=False)
     before = node.info(0)
     node.set_mig_mode(0, True)
     after = node.info(0)

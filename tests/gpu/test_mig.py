@@ -88,8 +88,10 @@ def test_create_with_mig_disabled_is_not_supported(make_node: MakeNode) -> None:
     assert caught.value.function == "nvmlDeviceCreateGpuInstanceWithPlacement"
 
 
-def test_mode_change_is_pending_until_reset(make_node: MakeNode) -> None:
+def test_mode_change_is_pending_until_reset(make_node: MakeNode, sim_state_dir: Path) -> None:
     node = make_node("dgx-h100")
+    # A driver that leaves the mode pending until a reset (the simulator's semantics switch).
+    SimControl(sim_state_dir).set_semantics(mig_mode_applies_at_once=False)
     change = node.set_mig_mode(1, True)
     assert (change.current, change.pending, change.reset_required) == (False, True, True)
     assert change.reason

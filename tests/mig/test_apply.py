@@ -96,6 +96,8 @@ def test_matching_layout_makes_no_mutating_call(tmp_path: Path) -> None:
 
 def test_mode_change_without_reset_is_reported(tmp_path: Path) -> None:
     node = open_node(simulate="dgx-a100", state_dir=tmp_path / "sim")
+    # A driver that leaves the mode pending until a reset (the simulator's semantics switch).
+    SimControl(tmp_path / "sim").set_semantics(mig_mode_applies_at_once=False)
     cfg = load_config(DEFAULT_CONFIG_FILE)
     report = reconcile(node, cfg, "all-7g", state_dir=tmp_path)
     assert not report.ok
@@ -300,6 +302,8 @@ def test_kill_at_every_step_then_converges(tmp_path: Path) -> None:
     cfg = load_config(cfg_path)
     seed = tmp_path / "seed"
     node = open_node(simulate="dgx-a100", state_dir=seed)
+    # A driver that leaves the mode pending until a reset, so the apply has a reset step.
+    SimControl(seed).set_semantics(mig_mode_applies_at_once=False)
     assert reconcile(node, cfg, "start", state_dir=tmp_path / "s0", allow_reset=True).ok
     # Count the steps on a copy, uninterrupted.
     probe = copy_state(seed, tmp_path / "probe")

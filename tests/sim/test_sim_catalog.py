@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pynvml
 import pytest
 
-from nodeagent.sim import models
+from nodeagent.sim import models, presets
 from nodeagent.sim.nvml import SimNvml
 
-# name, profile ID, NVML index constant, memory slices, SMs, memory MiB, max count, CE/DEC/JPG/OFA
+# Published GPU-instance profile rows: name, profile ID, NVML index constant, memory slices, SMs,
+# memory MiB (lgip GiB to the 1/8 GiB), max count, CE/DEC/JPG/OFA. Each table names its source;
+# models.SOURCES says the same for the catalog.
+# UG "Supported MIG Profiles" (A100) and lgip in "Getting Started".
 A100_40 = [
     ("1g.5gb", 19, 0x0, 1, 14, 4864, 7, (1, 0, 0, 0)),
     ("1g.5gb+me", 20, 0x7, 1, 14, 4864, 1, (1, 1, 1, 1)),
@@ -20,33 +24,38 @@ A100_40 = [
     ("4g.20gb", 5, 0x3, 4, 56, 19968, 1, (4, 2, 0, 0)),
     ("7g.40gb", 0, 0x4, 8, 98, 40192, 1, (7, 5, 1, 1)),
 ]
+# lgip on A100-SXM4-80GB: 1g.10gb 9.50 GiB, 1g.20gb/2g.20gb 19.50, 3g/4g 39.25, 7g 78.50.
 A100_80 = [
-    ("1g.10gb", 19, 0x0, 1, 14, 9856, 7, (1, 0, 0, 0)),
-    ("1g.10gb+me", 20, 0x7, 1, 14, 9856, 1, (1, 1, 1, 1)),
+    ("1g.10gb", 19, 0x0, 1, 14, 9728, 7, (1, 0, 0, 0)),
+    ("1g.10gb+me", 20, 0x7, 1, 14, 9728, 1, (1, 1, 1, 1)),
     ("1g.20gb", 15, 0x9, 2, 14, 19968, 4, (1, 1, 0, 0)),
     ("2g.20gb", 14, 0x1, 2, 28, 19968, 3, (2, 1, 0, 0)),
     ("3g.40gb", 9, 0x2, 4, 42, 40192, 2, (3, 2, 0, 0)),
     ("4g.40gb", 5, 0x3, 4, 56, 40192, 1, (4, 2, 0, 0)),
     ("7g.80gb", 0, 0x4, 8, 98, 80384, 1, (7, 5, 1, 1)),
 ]
+# lgip on H100 80GB HBM3: 9.75 / 19.62 (1g.20gb equals 2g.20gb) / 39.50 / 79.25 GiB.
 H100_80 = [
     ("1g.10gb", 19, 0x0, 1, 16, 9984, 7, (1, 1, 1, 0)),
     ("1g.10gb+me", 20, 0x7, 1, 16, 9984, 1, (1, 1, 1, 1)),
-    ("1g.20gb", 15, 0x9, 2, 26, 19968, 4, (1, 1, 1, 0)),
+    ("1g.20gb", 15, 0x9, 2, 26, 20096, 4, (1, 1, 1, 0)),
     ("2g.20gb", 14, 0x1, 2, 32, 20096, 3, (2, 2, 2, 0)),
     ("3g.40gb", 9, 0x2, 4, 60, 40448, 2, (3, 3, 3, 0)),
     ("4g.40gb", 5, 0x3, 4, 64, 40448, 1, (4, 4, 4, 0)),
     ("7g.80gb", 0, 0x4, 8, 132, 81152, 1, (8, 7, 7, 1)),
 ]
+# lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101): 10.75 / 21.62 / 46.38 GiB;
+# 7g 93.12 GiB (reference notes).
 H100_NVL = [
-    ("1g.12gb", 19, 0x0, 1, 16, 11776, 7, (1, 1, 1, 0)),
-    ("1g.12gb+me", 20, 0x7, 1, 16, 11776, 1, (1, 1, 1, 1)),
-    ("1g.24gb", 15, 0x9, 2, 26, 23808, 4, (1, 1, 1, 0)),
-    ("2g.24gb", 14, 0x1, 2, 32, 23808, 3, (2, 2, 2, 0)),
-    ("3g.47gb", 9, 0x2, 4, 60, 47616, 2, (3, 3, 3, 0)),
-    ("4g.47gb", 5, 0x3, 4, 64, 47616, 1, (4, 4, 4, 0)),
+    ("1g.12gb", 19, 0x0, 1, 16, 11008, 7, (1, 1, 1, 0)),
+    ("1g.12gb+me", 20, 0x7, 1, 16, 11008, 1, (1, 1, 1, 1)),
+    ("1g.24gb", 15, 0x9, 2, 26, 22144, 4, (1, 1, 1, 0)),
+    ("2g.24gb", 14, 0x1, 2, 32, 22144, 3, (2, 2, 2, 0)),
+    ("3g.47gb", 9, 0x2, 4, 60, 47488, 2, (3, 3, 3, 0)),
+    ("4g.47gb", 5, 0x3, 4, 64, 47488, 1, (4, 4, 4, 0)),
     ("7g.94gb", 0, 0x4, 8, 132, 95360, 1, (8, 7, 7, 1)),
 ]
+# lgip on H200 (NVIDIA/mig-parted#120): 16.00 / 32.25 / 69.50 / 139.75 GiB.
 H200 = [
     ("1g.18gb", 19, 0x0, 1, 16, 16384, 7, (1, 1, 1, 0)),
     ("1g.18gb+me", 20, 0x7, 1, 16, 16384, 1, (1, 1, 1, 1)),
@@ -54,8 +63,9 @@ H200 = [
     ("2g.35gb", 14, 0x1, 2, 32, 33024, 3, (2, 2, 2, 0)),
     ("3g.71gb", 9, 0x2, 4, 60, 71168, 2, (3, 3, 3, 0)),
     ("4g.71gb", 5, 0x3, 4, 64, 71168, 1, (4, 4, 4, 0)),
-    ("7g.141gb", 0, 0x4, 8, 132, 143360, 1, (8, 7, 7, 1)),
+    ("7g.141gb", 0, 0x4, 8, 132, 143104, 1, (8, 7, 7, 1)),
 ]
+# UG A30 table.
 A30 = [
     ("1g.6gb", 14, 0x0, 1, 14, 5952, 4, (1, 0, 0, 0)),
     ("1g.6gb+me", 21, 0x7, 1, 14, 5952, 1, (1, 1, 1, 1)),
@@ -63,6 +73,28 @@ A30 = [
     ("2g.12gb+me", 6, 0x8, 2, 28, 11968, 1, (2, 2, 1, 1)),
     ("4g.24gb", 0, 0x3, 4, 56, 24000, 1, (4, 4, 1, 1)),
 ]
+# lgip on B200 (NVIDIA/mig-parted#187, 1g at 20.50 GiB): the four published rows.
+B200 = [
+    ("1g.23gb", 19, 0x0, 1, 18, 20992, 7, (2, 1, 1, 0)),
+    ("1g.23gb+me", 20, 0x7, 1, 18, 20992, 1, (2, 1, 1, 1)),
+    ("1g.45gb", 15, 0x9, 2, 30, 45312, 4, (2, 1, 1, 0)),
+    ("2g.45gb", 14, 0x1, 2, 36, 45312, 3, (4, 2, 2, 0)),
+]
+# lgip on GB200 (NVIDIA/mig-parted#227, 1g.23gb at 22.00 GiB): the four published rows.
+GB200 = [
+    ("1g.23gb", 19, 0x0, 1, 18, 22528, 7, (2, 1, 1, 0)),
+    ("1g.23gb+me", 20, 0x7, 1, 18, 22528, 1, (2, 1, 1, 1)),
+    ("1g.47gb", 15, 0x9, 2, 32, 46592, 4, (2, 1, 1, 0)),
+    ("2g.47gb", 14, 0x1, 2, 38, 46592, 3, (4, 2, 2, 0)),
+]
+# Names only, from mig-parted's config-default.yaml (all seven, lgip order).
+NAMES = {
+    "h100-pcie": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "h200-nvl": ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    "gh200": ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"],
+    "b200": ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
+    "gb200": ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"],
+}
 
 EIGHT_SLICE_STARTS = {
     19: (0, 1, 2, 3, 4, 5, 6),
@@ -83,12 +115,17 @@ MIG_MODELS = [
     pytest.param("h200", "hgx-h200", H200, EIGHT_SLICE_STARTS, id="H200"),
     pytest.param("a30", "a30x4", A30, A30_STARTS, id="A30"),
 ]
+# B200 and GB200: only the published rows are pinned (the rest is inferred, see SOURCES).
+PARTLY_PUBLISHED = [
+    pytest.param("b200", "dgx-b200", B200, EIGHT_SLICE_STARTS, id="B200"),
+    pytest.param("gb200", None, GB200, EIGHT_SLICE_STARTS, id="GB200"),
+]
 
 
-@pytest.mark.parametrize(("key", "preset", "table", "starts"), MIG_MODELS)
+@pytest.mark.parametrize(("key", "preset", "table", "starts"), MIG_MODELS + PARTLY_PUBLISHED)
 def test_catalog_profiles_match_reference(key, preset, table, starts):
     model = models.model(key)
-    assert [p.name for p in model.gi_profiles] == [row[0] for row in table]
+    assert [p.name for p in model.gi_profiles][: len(table)] == [row[0] for row in table]
     for name, pid, index, slices, sms, mib, max_count, engines in table:
         profile = model.profile_by_name(name)
         assert profile is not None
@@ -143,6 +180,11 @@ def test_profile_info_through_nvml(make_sim: Callable[..., SimNvml], key, preset
         pytest.param("h200", "NVIDIA H200", 143771, 0x233510DE, (9, 0), id="h200"),
         pytest.param("l40s", "NVIDIA L40S", 46068, 0x26B910DE, (8, 9), id="l40s"),
         pytest.param("t4", "Tesla T4", 15360, 0x1EB810DE, (7, 5), id="t4"),
+        pytest.param("h100-pcie", "NVIDIA H100 PCIe", 81559, 0x233110DE, (9, 0), id="h100-pcie"),
+        pytest.param("h200-nvl", "NVIDIA H200 NVL", 143771, 0x233B10DE, (9, 0), id="h200-nvl"),
+        pytest.param("gh200", "NVIDIA GH200 480GB", 97871, 0x234210DE, (9, 0), id="gh200"),
+        pytest.param("b200", "NVIDIA B200", 183359, 0x290110DE, (10, 0), id="b200"),
+        pytest.param("gb200", "NVIDIA GB200", 189471, 0x294110DE, (10, 0), id="gb200"),
     ],
 )
 def test_model_facts(key, name, mib, device_id, cc):
@@ -159,11 +201,17 @@ def test_model_facts(key, name, mib, device_id, cc):
         pytest.param(2, [(0, 1, 2), (1, 2, 1)], id="2g"),
         pytest.param(3, [(0, 1, 3), (1, 2, 1), (2, 3, 1)], id="3g"),
         pytest.param(4, [(0, 1, 4), (1, 2, 2), (3, 4, 1)], id="4g-has-no-3c"),
-        pytest.param(7, [(0, 1, 7), (1, 2, 3), (2, 3, 2), (3, 4, 1), (4, 7, 1)], id="7g"),
+        pytest.param(
+            7, [(0, 1, 7), (1, 2, 3), (2, 3, 2), (3, 4, 1), (4, 7, 1), (8, 7, 1)], id="7g+nvl"
+        ),
     ],
 )
 def test_compute_instance_profiles(gi_slices, ci_rows):
-    gi = next(p for p in models.A100_40.gi_profiles if p.compute_slices == gi_slices)
+    gi = next(
+        p
+        for p in models.A100_40.gi_profiles
+        if p.compute_slices == gi_slices and p.profile_id not in (15, 20)
+    )
     got = [(c.profile_id, c.slices, c.max_count) for c in models.ci_profiles(gi)]
     assert got == ci_rows
 
@@ -173,9 +221,85 @@ def test_unknown_model_key_names_the_known_ones():
         models.model("v100")
 
 
-def test_gi_instance_ids_follow_the_slice_tree():
-    # 1g instances at slots 0..6 get IDs 7..13, as real H100 output shows.
-    assert [models.gi_instance_id(8, s, 1) for s in range(7)] == list(range(7, 14))
-    assert models.gi_instance_id(8, 0, 8) == 0
-    assert (models.gi_instance_id(8, 0, 4), models.gi_instance_id(8, 4, 4)) == (1, 2)
-    assert [models.gi_instance_id(8, s, 2) for s in (0, 2, 4, 6)] == [3, 4, 5, 6]
+def test_gi_instance_id_ranges_and_creation_order():
+    """IDs stay in the ranges every -lgi shows (1g 7-14, 3g/4g 1-2), in creation order."""
+    assert [models.gi_id_range(8, n) for n in (8, 4, 2, 1)] == [
+        range(0, 1), range(1, 3), range(3, 7), range(7, 15)]  # fmt: skip
+    assert [models.gi_id_range(4, n) for n in (4, 2, 1)] == [range(0, 1), range(1, 3), range(3, 7)]
+    assert models.gi_instance_id(8, 4, []) == 1
+    assert models.gi_instance_id(8, 4, [1]) == 2
+    assert models.gi_instance_id(8, 4, [1, 2]) is None
+    assert models.gi_instance_id(8, 1, [7, 9, 1]) == 8
+
+
+@pytest.mark.parametrize(("key", "names"), NAMES.items(), ids=list(NAMES))
+def test_profile_names_match_mig_parted(key, names):
+    assert [p.name for p in models.model(key).gi_profiles] == names
+
+
+@pytest.mark.parametrize(
+    ("driver", "name"),
+    [
+        pytest.param("535.104.05", "3g.39gb", id="R535"),
+        pytest.param("545.23.08", "3g.39gb", id="R545 (mig-parted#31)"),
+        pytest.param("550.54.14", "3g.40gb", id="R550"),
+    ],
+)
+def test_a100_80gb_3g_profile_name_depends_on_the_driver(make_sim, control_for, driver, name):
+    sim = make_sim("dgx-a100-80")
+    control_for(sim).inject("driver", 0, version=driver)
+    info = sim.nvmlDeviceGetGpuInstanceProfileInfo(
+        sim.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
+    )
+    text = info.name.decode() if isinstance(info.name, bytes) else info.name
+    assert (text, info.memorySizeMB) == (f"MIG {name}", 40192)
+
+
+@pytest.mark.parametrize("key", list(models.MODELS))
+def test_every_fact_names_its_source(key):
+    model = models.model(key)
+    facts = models.SOURCES[key]
+    wanted = set(models.FACTS) | (set(models.MIG_FACTS) if model.mig_capable else set())
+    assert wanted <= set(facts), f"{key} lacks a source for {sorted(wanted - set(facts))}"
+    for fact, text in facts.items():
+        assert len(text) > 20, (key, fact)
+
+
+def test_docs_list_every_inferred_fact():
+    docs = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
+    missing = [
+        (key, fact)
+        for key, fact, _ in models.inferred_facts()
+        if f"| `{key}` | {fact} |" not in docs
+    ]
+    assert not missing, f"docs/simulator.md does not list these inferred facts: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("key", "thresholds", "reserved"),
+    [
+        pytest.param("h100-80", (89, 92, 87), 336, id="H100: HAMi#338; 550.90.07"),
+        pytest.param("a100-40", (89, 92, 85), 571, id="A100"),
+        pytest.param("a30", (97, 100, 90), 316, id="A30"),
+        pytest.param("h200", (89, 92, 87), 700, id="H200: 550.90.12"),
+    ],
+)
+def test_thresholds_and_reserved_memory(make_sim, key, thresholds, reserved):
+    preset = next(p for p in presets.PRESETS.values() if p.model == key)
+    sim = make_sim(preset.name)
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    got = tuple(
+        sim.nvmlDeviceGetTemperatureThreshold(handle, t)
+        for t in (
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
+        )
+    )
+    assert got == thresholds
+    v2 = sim.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    v1 = sim.nvmlDeviceGetMemoryInfo(handle)
+    assert v2.reserved == reserved * models.MIB
+    assert v1.used == v2.used + v2.reserved  # the old API counts reserved memory as used
+    assert v1.free == v2.free == v1.total - v1.used
+    assert v1.total == v2.total == models.model(key).memory_mib * models.MIB

@@ -7,7 +7,7 @@ import ctypes
 import pynvml
 import pytest
 
-from nodeagent.sim.control import SimControl
+from nodeagent.sim.control import SimControl, SimError
 from nodeagent.sim.nvml import SimNvml
 from nodeagent.sim.ops import default_start
 from tests.sim.conftest import enable_mig
@@ -20,10 +20,13 @@ def _placement(sim: SimNvml, gi) -> tuple[int, int]:
     return info.placement.start, info.placement.size
 
 
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
 @pytest.mark.parametrize(
     ("profiles", "expected"),
     [
         pytest.param([9, 9], [(4, 4), (0, 4)], id="9,9"),
+        pytest.param([19] * 7, [(6, 1), (4, 1), (5, 1), (0, 1), (1, 1), (2, 1), (3, 1)], id="19x7"),
+        pytest.param([9, 14], [(4, 4), (0, 2)], id="9,14: the 2g at 0:2"),
         pytest.param([9, 19, 14, 19], [(4, 4), (0, 1), (2, 2), (1, 1)], id="9,19,14,19"),
         pytest.param(
             [14, 19, 19, 19, 19, 19],
@@ -31,11 +34,11 @@ def _placement(sim: SimNvml, gi) -> tuple[int, int]:
             id="14,19x5",
         ),
         pytest.param([5, 9], [(0, 4), (4, 4)], id="4g-then-3g"),
-        pytest.param([15, 15, 15, 15], [(6, 2), (4, 2), (2, 2), (0, 2)], id="1g.2x-x4"),
+        pytest.param([15, 15, 15, 15], [(6, 2), (4, 2), (0, 2), (2, 2)], id="1g.2x-x4"),
     ],
 )
-def test_placement_heuristic_reproduces_user_guide(make_sim, profiles, expected):
-    sim = make_sim("dgx-a100")
+def test_placement_heuristic_reproduces_user_guide(make_sim, preset, profiles, expected):
+    sim = make_sim(preset)
     handle = enable_mig(sim)
     got = [_placement(sim, sim.nvmlDeviceCreateGpuInstance(handle, p)) for p in profiles]
     assert got == expected
@@ -45,12 +48,16 @@ def test_placement_heuristic_reproduces_user_guide(make_sim, profiles, expected)
     ("starts", "size", "taken", "expected"),
     [
         pytest.param(range(7), 1, [], 6, id="1g: slot 6 first"),
-        pytest.param(range(7), 1, [(6, 1)], 0, id="1g: slot 6 taken, lowest free"),
+        pytest.param(range(7), 1, [(6, 1)], 4, id="1g: then the upper half from the bottom"),
+        pytest.param(range(7), 1, [(4, 4)], 0, id="1g: upper half full, lowest free"),
         pytest.param(range(7), 1, [(6, 2), (0, 4)], 4, id="1g: lowest free beside others"),
-        pytest.param((4, 0), 4, [], 4, id="3g: highest free, starts in any order"),
-        pytest.param((0, 4), 4, [(5, 1)], 0, id="3g: highest free placement"),
+        pytest.param((4, 0), 4, [], 4, id="3g: upper half first, starts in any order"),
+        pytest.param((0, 4), 4, [(5, 1)], 0, id="3g: lower half when the upper is taken"),
+        pytest.param((0, 2, 4), 2, [], 4, id="2g: upper half first"),
+        pytest.param((0, 2, 4), 2, [(4, 4)], 0, id="2g: then from the bottom"),
         pytest.param((0, 2, 4, 6), 2, [(0, 8)], None, id="nothing free"),
         pytest.param((0, 1, 2, 3), 1, [], 3, id="4-slice part: last slot"),
+        pytest.param((0, 1, 2, 3), 1, [(3, 1)], 2, id="4-slice part: then slot 2"),
     ],
 )
 def test_default_start(starts, size, taken, expected):
@@ -62,7 +69,7 @@ def test_placement_heuristic_19_19_14_9_fails_on_the_3g(make_sim):
     sim = make_sim("dgx-a100")
     handle = enable_mig(sim)
     placed = [_placement(sim, sim.nvmlDeviceCreateGpuInstance(handle, p)) for p in (19, 19, 14)]
-    assert placed == [(6, 1), (0, 1), (4, 2)]
+    assert placed == [(6, 1), (4, 1), (0, 2)]
     with pytest.raises(pynvml.NVMLError_InsufficientResources):
         sim.nvmlDeviceCreateGpuInstance(handle, 9)
 
@@ -136,8 +143,27 @@ def test_non_mig_gpu_rejects_mode_and_profiles(make_sim, preset):
             call()
 
 
-def test_mig_mode_is_pending_until_reset(make_sim):
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100"])
+def test_mig_mode_applies_at_once_on_an_idle_gpu(make_sim, control_for, preset):
+    sim = make_sim(preset)
+    control_for(sim).add_process(1)
+    handle, busy = sim.nvmlDeviceGetHandleByIndex(0), sim.nvmlDeviceGetHandleByIndex(1)
+    assert sim.nvmlDeviceSetMigMode(handle, 1) == pynvml.NVML_SUCCESS
+    assert sim.nvmlDeviceGetMigMode(handle) == [1, 1]
+    assert sim.nvmlDeviceGetMaxMigDeviceCount(handle) == 7
+    # A client holds GPU 1: activation fails and the mode waits, as "pending enable".
+    assert sim.nvmlDeviceSetMigMode(busy, 1) == pynvml.NVML_ERROR_IN_USE
+    assert sim.nvmlDeviceGetMigMode(busy) == [0, 1]
+    sim.nvmlDeviceSetMigMode(handle, 0)
+    assert sim.nvmlDeviceGetMigMode(handle) == [0, 0]
+
+
+def test_mig_mode_is_pending_until_reset(make_sim, control_for):
     sim = make_sim("dgx-a100")
+    assert control_for(sim).set_semantics(mig_mode_applies_at_once=False) == {
+        "mig_mode_applies_at_once": False,
+        "profile_info_needs_mig": False,
+    }
     handle = sim.nvmlDeviceGetHandleByIndex(0)
     assert sim.nvmlDeviceSetMigMode(handle, 1) == pynvml.NVML_SUCCESS
     assert sim.nvmlDeviceGetMigMode(handle) == [0, 1]
@@ -204,13 +230,16 @@ def test_gpu_instance_listing_fills_caller_arrays(make_sim):
     array = (pynvml.c_nvmlGpuInstance_t * info.instanceCount)()
     count = ctypes.c_uint()
     assert sim.nvmlDeviceGetGpuInstances(handle, 19, array, ctypes.byref(count)) == 0
-    ids = sorted(sim.nvmlGpuInstanceGetInfo(array[i]).id for i in range(count.value))
-    assert ids == [7, 8, 13]  # slots 6, 0, 1 -> IDs 13, 7, 8
+    got = sorted(
+        (sim.nvmlGpuInstanceGetInfo(array[i]).id, _placement(sim, array[i]))
+        for i in range(count.value)
+    )
+    assert got == [(7, (6, 1)), (8, (4, 1)), (9, (5, 1))]  # IDs in creation order
     small = (pynvml.c_nvmlGpuInstance_t * 1)()
     with pytest.raises(pynvml.NVMLError_InsufficientSize):
         sim.nvmlDeviceGetGpuInstances(handle, 19, small, count)
     assert count.value == 3
-    by_id = sim.nvmlDeviceGetGpuInstanceById(handle, 13)
+    by_id = sim.nvmlDeviceGetGpuInstanceById(handle, 7)
     assert _placement(sim, by_id) == (6, 1)
     with pytest.raises(pynvml.NVMLError_NotFound):
         sim.nvmlDeviceGetGpuInstanceById(handle, 2)
@@ -232,7 +261,7 @@ def test_compute_instances_and_mig_devices(make_sim):
     mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(handle, 2)
     assert sim.nvmlDeviceIsMigDeviceHandle(mig).value == 1
     assert not sim.nvmlDeviceIsMigDeviceHandle(handle)
-    assert (sim.nvmlDeviceGetGpuInstanceId(mig), sim.nvmlDeviceGetComputeInstanceId(mig)) == (2, 2)
+    assert (sim.nvmlDeviceGetGpuInstanceId(mig), sim.nvmlDeviceGetComputeInstanceId(mig)) == (1, 2)
     assert sim.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb"
     mig_uuid = sim.nvmlDeviceGetUUID(mig)
     assert mig_uuid.startswith("MIG-")
@@ -267,3 +296,125 @@ def test_errors_are_pynvml_classes(make_sim):
         sim.nvmlDeviceGetFanSpeed(handle)  # in pynvml, not modelled
     with pytest.raises(AttributeError):
         _ = sim.nvmlNoSuchFunction
+
+
+@pytest.mark.parametrize(
+    ("placements", "expected"),
+    [
+        pytest.param([None, None], [(1, (4, 4)), (2, (0, 4))], id="default: 4:4 first gets ID 1"),
+        pytest.param([0, 4], [(1, (0, 4)), (2, (4, 4))], id="explicit: 0:4 first gets ID 1"),
+        pytest.param([4, 0], [(1, (4, 4)), (2, (0, 4))], id="explicit: 4:4 first gets ID 1"),
+    ],
+)
+def test_gpu_instance_ids_follow_creation_not_placement(make_sim, placements, expected):
+    """A100-80GB on 550.54.14: the 3g made first took ID 1 at 4:4, the second ID 2 at 0:4."""
+    sim = make_sim("dgx-a100-80")
+    handle = enable_mig(sim)
+    made = []
+    for start in placements:
+        if start is None:
+            made.append(sim.nvmlDeviceCreateGpuInstance(handle, 9))
+        else:
+            placement = pynvml.c_nvmlGpuInstancePlacement_t(start, 4)
+            made.append(sim.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 9, placement))
+    got = [(sim.nvmlGpuInstanceGetInfo(gi).id, _placement(sim, gi)) for gi in made]
+    assert got == expected
+
+
+def test_freed_gpu_instance_id_is_reused(make_sim):
+    sim = make_sim("dgx-h100")
+    handle = enable_mig(sim)
+    first, _second = (sim.nvmlDeviceCreateGpuInstance(handle, 19) for _ in range(2))
+    sim.nvmlGpuInstanceDestroy(first)  # ID 7 at 6:1 is free again
+    again = sim.nvmlDeviceCreateGpuInstance(handle, 19)
+    assert (sim.nvmlGpuInstanceGetInfo(again).id, _placement(sim, again)) == (7, (6, 1))
+
+
+@pytest.mark.parametrize(
+    ("preset", "first", "second"),
+    [
+        pytest.param("a30x4", 21, 6, id="A30: 1g.6gb+me then 2g.12gb+me"),
+        pytest.param("a30x4", 6, 21, id="A30: 2g.12gb+me then 1g.6gb+me"),
+    ],
+)
+def test_two_media_engine_instances_cannot_coexist(make_sim, preset, first, second):
+    """The A30 has one JPEG and one OFA: a second "+me" instance finds none left."""
+    sim = make_sim(preset)
+    handle = enable_mig(sim)
+    sim.nvmlDeviceCreateGpuInstance(handle, first)
+    assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, second) == 0
+    with pytest.raises(pynvml.NVMLError_InsufficientResources):
+        sim.nvmlDeviceCreateGpuInstance(handle, second)
+    # Plain profiles beside it are not limited by the engines.
+    plain = 14 if second == 21 else 5
+    assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, plain) >= 1
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200"])
+def test_media_engines_never_limit_plain_layouts(make_sim, preset):
+    """Seven 1g, four 1g.2x, or 4g+3g: the engine pool only ever binds the "+me" profiles."""
+    for layout in ([19] * 7, [15] * 4, [5, 9], [20, 19, 19, 19, 19, 19, 19]):
+        sim = make_sim(preset)
+        handle = enable_mig(sim)
+        for pid in layout:
+            sim.nvmlDeviceCreateGpuInstance(handle, pid)
+        assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 20) == 0
+
+
+def test_one_slice_double_memory_gi_offers_ci_profile_rev1(make_sim):
+    """H100: a 1g.20gb GPU instance takes compute-instance profile 7 (1_SLICE_REV1)."""
+    sim = make_sim("dgx-h100")
+    handle = enable_mig(sim)
+    gi = sim.nvmlDeviceCreateGpuInstance(handle, 15)
+    rev1 = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1
+    info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, rev1, 0)
+    assert (info.id, info.sliceCount, info.name) == (7, 1, "1g.20gb")
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 0
+        )
+    ci = sim.nvmlGpuInstanceCreateComputeInstance(gi, rev1)
+    assert sim.nvmlComputeInstanceGetInfo(ci).profileId == 7
+    # A plain 1g keeps profile 0.
+    plain = sim.nvmlDeviceCreateGpuInstance(handle, 19)
+    one = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+    assert sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(plain, one, 0).id == 0
+
+
+def test_ampere_whole_gpu_gi_lists_the_nvl_ci_profile(make_sim):
+    sim = make_sim("dgx-a100")
+    handle = enable_mig(sim)
+    gi = sim.nvmlDeviceCreateGpuInstance(handle, 0)
+    nvl = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL
+    info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, nvl, 0)
+    assert (info.id, info.sliceCount) == (nvl, 7)
+
+
+@pytest.mark.parametrize("preset", ["t4", "pcie-l40s"])
+def test_max_mig_device_count_is_zero_without_mig(make_sim, preset):
+    sim = make_sim(preset)
+    assert sim.nvmlDeviceGetMaxMigDeviceCount(sim.nvmlDeviceGetHandleByIndex(0)) == 0
+
+
+def test_profile_info_with_mig_disabled_follows_the_semantics(make_sim, control_for):
+    sim = make_sim("dgx-h100")
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    assert sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).id == 19  # default: readable
+    control_for(sim).set_semantics(profile_info_needs_mig=True)
+    for call in (
+        lambda: sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0),
+        lambda: sim.nvmlDeviceGetGpuInstanceProfileInfoById(handle, 19),
+    ):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            call()
+    count = ctypes.c_uint()  # placements stay readable whatever the mode (nvml.h)
+    sim.nvmlDeviceGetGpuInstancePossiblePlacements(handle, 19, None, ctypes.byref(count))
+    assert count.value == 7
+    enable_mig(sim)
+    assert sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).id == 19
+
+
+def test_unknown_semantics_is_refused(make_sim, control_for):
+    sim = make_sim("dgx-h100")
+    with pytest.raises(SimError, match="unknown semantics"):
+        control_for(sim).set_semantics(reset_takes_a_minute=True)
