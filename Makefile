@@ -26,10 +26,19 @@ demo: $(BIN)/nodeagent
 test: $(BIN)/nodeagent
 	$(BIN)/python -m pytest -q
 
-lint: $(BIN)/nodeagent
+# mypy resolves a module by its folder name, so the feature folders get links under their
+# import names (nodeagent_mig -> mig, ...); pyproject.toml points mypy_path there.
+TYPECHECK := .typecheck
+FEATURES := mig exporters device_plugin tiering
+
+$(TYPECHECK):
+	mkdir -p $(TYPECHECK)
+	for f in $(FEATURES); do ln -sfn ../$$f $(TYPECHECK)/nodeagent_$$f; done
+
+lint: $(BIN)/nodeagent $(TYPECHECK)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) $(TYPECHECK) .mypy_cache .ruff_cache .pytest_cache

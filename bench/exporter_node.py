@@ -16,8 +16,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository root: tests.* helpers
 
 
-from device_plugin.api.podresources.v1 import api_pb2_grpc
 from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import FakeKubelet
 from tests.support.sim_nodes import split_into

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from exporter_node import PODS, mig_node, start_kubelet
 
-from exporters.podresources import PodResourcesPoller
-from exporters.render import Rendered, Renderer, Sources
-from exporters.server import MetricsServer
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
+from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.server import MetricsServer
 
 
 def scrape_many(port: int, scrapers: int, per_scraper: int, gzip: bool) -> tuple[list[float], int]:

@@ -26,7 +26,7 @@ from nodeagent.health.component import HealthComponent, build_component
 from nodeagent.health.model import HealthModel
 
 if TYPE_CHECKING:  # imported where used, so the storm benchmark's RSS carries no gRPC
-    from device_plugin.component import DevicePluginComponent
+    from nodeagent_device_plugin.component import DevicePluginComponent
     from tests.device_plugin.kubelet import TestKubelet
     from tests.support.kubeapi import KubeAPIServer
 
@@ -113,7 +113,7 @@ def start_agent(
     assert isinstance(ctx.health, HealthModel)
     dp = None
     if device_plugin:
-        from device_plugin.component import build_component as build_device_plugin
+        from nodeagent_device_plugin.component import build_component as build_device_plugin
 
         dp = build_device_plugin(ctx)
     agent = Agent(node, ctx, ctx.health, component, api, kubelet, dp)

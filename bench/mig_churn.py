@@ -9,16 +9,17 @@ served
 1. *in place* when some GPU has a free legal placement for it: no running instance is touched.
    The policy picks the GPU and the placement;
 2. else *by reconfiguring* one GPU that can hold its instances plus the new one. nodeagent plans
-   it with its minimal-disruption planner (``mig.planner.plan_gpu``: every instance that some
-   valid layout can keep stays, only the rest move) on the GPU where the fewest instances move.
+   it with its minimal-disruption planner (``nodeagent_mig.planner.plan_gpu``: every instance
+   that some valid layout can keep stays, only the rest move) on the GPU where the fewest
+   instances move.
    The baselines do what mig-parted does: clear the GPU and create everything again with their
    own placement rule, largest first, trying orderings until one fits; they reconfigure the GPU
    with the fewest instances, so a wipe disturbs as little as it can. Every instance moved is a
    disturbed running instance;
 3. else it is rejected: no GPU has room for it in any layout.
 
-Policies: nodeagent (``mig.planner.place_on_node``: the placement whose GPU loses the least
-future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
+Policies: nodeagent (``nodeagent_mig.planner.place_on_node``: the placement whose GPU loses the
+least future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
 the driver-default heuristic the simulator implements (``nodeagent.sim.ops.default_start``:
 size-1 profiles take slot 6 when free, else the lowest free slot; others the highest free legal
 placement), both on the lowest-numbered GPU where the profile fits.
@@ -45,7 +46,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from mig_common import geometries
 
-from mig.planner import (
+from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent.sim.ops import default_start
+from nodeagent_mig.planner import (
     Instance,
     NewInstance,
     capacity_key,
@@ -55,8 +58,6 @@ from mig.planner import (
     place_on_node,
     plan_gpu,
 )
-from nodeagent.gpu.types import MigGeometry, Placement
-from nodeagent.sim.ops import default_start
 
 GPUS = 8
 HOLD = 10.0  # mean holding time of an instance

@@ -6,11 +6,11 @@ import logging
 import threading
 from pathlib import Path
 
-from device_plugin.manager import POLL_S, PluginManager
-from device_plugin.resources import ResourceError
 from nodeagent.agent.component import AgentContext
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent_device_plugin.manager import POLL_S, PluginManager
+from nodeagent_device_plugin.resources import ResourceError
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,17 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.allocate import MpsPaths
-from device_plugin.allocation import ScoreTable
-from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from device_plugin.health import HealthTracker
-from device_plugin.mps import MpsSupervisor, MpsTarget
-from device_plugin.resources import PluginDevice, Resource, build_resources, summarize
-from device_plugin.server import ResourceServer, ServingContext, options
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.policy import PoolPolicy, SharingMode
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.health.source import HealthSource
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeagent_device_plugin.allocate import MpsPaths
+from nodeagent_device_plugin.health import HealthTracker
+from nodeagent_device_plugin.mps import MpsSupervisor, MpsTarget
+from nodeagent_device_plugin.preferred import ScoreTable
+from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
+from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 def build_component(ctx: AgentContext) -> Component | None:
     """The metrics component, or None when ``metrics.enabled`` is false.
 
-    Imported lazily so ``python -m exporters.catalog`` (the docs generator) stays light.
+    Imported lazily so ``python -m nodeagent_exporters.catalog`` (the docs generator) stays light.
     """
-    from exporters.component import build_component as build
+    from nodeagent_exporters.component import build_component as build
 
     return build(ctx)
 

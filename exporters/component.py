@@ -6,14 +6,14 @@ import logging
 import threading
 from collections.abc import Mapping
 
-from exporters.podresources import PodResourcesPoller
-from exporters.render import Rendered, Renderer, Sources
-from exporters.server import MetricsServer, TlsFiles
 from nodeagent import labels
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import MigGeometry
+from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
 

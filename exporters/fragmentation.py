@@ -1,7 +1,8 @@
 """Node-level capacity measures: free whole GPUs, NVLink-connected free sets, stranded capacity.
 
-Per-GPU MIG measures (creatable counts, fragmentation ratio) come from :mod:`mig.planner`; this
-module adds what needs the whole node (topology) or the pool policy (request sizes).
+Per-GPU MIG measures (creatable counts, fragmentation ratio) come from
+:mod:`nodeagent_mig.planner`; this module adds what needs the whole node (topology) or the pool
+policy (request sizes).
 
 Request sizes (``pool.request_sizes``) name what the pool's jobs ask for: MIG profile names
 (``1g.10gb``) and whole-GPU sizes (``gpu`` = one GPU, ``<N>gpu`` = N NVLink-connected GPUs).
@@ -12,8 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from mig import planner
 from nodeagent.gpu.types import GpuInstance, Link, LinkKind, MigGeometry
+from nodeagent_mig import planner
 
 _WHOLE_GPU = re.compile(r"^(?:(\d+)\s*)?gpus?$")
 

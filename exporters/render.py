@@ -19,13 +19,13 @@ from typing import Protocol, runtime_checkable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters import fragmentation
-from exporters.catalog import Kind, spec
-from exporters.podresources import Allocations
-from mig import planner
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import GpuInstance, GpuState, MigGeometry, NodeSnapshot
 from nodeagent.health.source import DeviceHealth, HealthSource, HealthState
+from nodeagent_exporters import fragmentation
+from nodeagent_exporters.catalog import Kind, spec
+from nodeagent_exporters.podresources import Allocations
+from nodeagent_mig import planner
 
 log = logging.getLogger(__name__)
 

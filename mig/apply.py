@@ -36,8 +36,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
-from mig.planner import (
+from nodeagent.atomicfile import write_json_atomic
+from nodeagent.gpu.errors import GpuError
+from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.types import GpuInstance, MigGeometry
+from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
+from nodeagent_mig.planner import (
     GpuPlan,
     Instance,
     NewInstance,
@@ -46,10 +50,6 @@ from mig.planner import (
     fragmentation_ratio,
     plan_gpu,
 )
-from nodeagent.atomicfile import write_json_atomic
-from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
-from nodeagent.gpu.types import GpuInstance, MigGeometry
 
 INTENT_FILE = "mig-intent.json"
 # Test hook: SIGKILL this process right before the Nth mutating NVML step (1-based). Crash

@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from mig.planner import check_layout, rank_order
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import MigGeometry
+from nodeagent_mig.planner import check_layout, rank_order
 
 VERSION = "v1"
 DEFAULT_CONFIG_FILE = Path(__file__).with_name("default-config.yaml")

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from tiering.clock import Clock
-from tiering.kube import Kube, KubeError, NodeCache
-from tiering.leader import LeaderElector
-from tiering.metrics import TieringMetrics
-from tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
-from tiering.planner import (
+from nodeagent_tiering.clock import Clock
+from nodeagent_tiering.kube import Kube, KubeError, NodeCache
+from nodeagent_tiering.leader import LeaderElector
+from nodeagent_tiering.metrics import TieringMetrics
+from nodeagent_tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
+from nodeagent_tiering.planner import (
     BreakerState,
     Defer,
     MarkStable,
@@ -32,7 +32,7 @@ from tiering.planner import (
     StepDrain,
     plan,
 )
-from tiering.policy import Stability, TierPolicy
+from nodeagent_tiering.policy import Stability, TierPolicy
 
 log = logging.getLogger(__name__)
 

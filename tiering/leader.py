@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tiering.clock import Clock
-from tiering.kube import Kube, KubeError, micro_time
-from tiering.planner import BreakerState
+from nodeagent_tiering.clock import Clock
+from nodeagent_tiering.kube import Kube, KubeError, micro_time
+from nodeagent_tiering.planner import BreakerState
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class LeaderElector:
 
 
 def _acquire_time(spec: dict[str, Any], now: float) -> float:
-    from tiering.kube import parse_time
+    from nodeagent_tiering.kube import parse_time
 
     return parse_time(spec.get("acquireTime")) or now
 

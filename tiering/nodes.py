@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent import labels as lbl
-from tiering.policy import Stability
+from nodeagent_tiering.policy import Stability
 
 DRAIN_ANNOTATION = "nodeagent.io/drain"
 CONDITION = "GPUHealthy"

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import exporters
-from device_plugin import component as device_plugin_component
+import nodeagent_exporters
 from nodeagent.agent import mig_reconciler
 from nodeagent.agent.component import AgentContext, Component
 from nodeagent.agent.mig_reconciler import MigReconciler
 from nodeagent.agent.node_labels import capability_provider
 from nodeagent.agent.sampler import Sampler
 from nodeagent.health import component as health_component
+from nodeagent_device_plugin import component as device_plugin_component
 
 ComponentFactory = Callable[[AgentContext], Component | None]
 
@@ -30,7 +30,7 @@ FACTORIES: list[ComponentFactory] = [
     mig_reconciler.build_component,
     health_component.build_component,
     device_plugin_component.build_component,
-    exporters.build_component,
+    nodeagent_exporters.build_component,
 ]
 
 

@@ -8,12 +8,12 @@ import threading
 import time
 from pathlib import Path
 
-from mig.apply import ApplyReport, reconcile
-from mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
 from nodeagent.agent.component import AgentContext
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
+from nodeagent_mig.apply import ApplyReport, reconcile
+from nodeagent_mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``nodeagent mig``: plan, apply, assert, show and export MIG layouts (mig-parted v1 files).
 
-Thin over :mod:`mig.config`, :mod:`mig.planner` and :mod:`mig.apply`.
+Thin over :mod:`nodeagent_mig.config`, :mod:`nodeagent_mig.planner` and :mod:`nodeagent_mig.apply`.
 
 Which layout ``plan``, ``apply`` and ``assert`` work on: ``-c NAME`` when given, else the
 ``mig_layout`` of this node's pool in the agent config (``--agent-config``, env
@@ -18,19 +18,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from mig.apply import ApplyReport, GpuReport, dry_run, execute, prepare
-from mig.config import (
-    DEFAULT_CONFIG_FILE,
-    GpuTarget,
-    HooksFile,
-    MigConfigError,
-    MigConfigFile,
-    load_config,
-    load_hooks,
-    parse_config,
-    render_config,
-)
-from mig.planner import creatable, fragmentation_ratio, rank_order
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
@@ -47,6 +34,19 @@ from nodeagent.cli.common import (
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
+from nodeagent_mig.apply import ApplyReport, GpuReport, dry_run, execute, prepare
+from nodeagent_mig.config import (
+    DEFAULT_CONFIG_FILE,
+    GpuTarget,
+    HooksFile,
+    MigConfigError,
+    MigConfigFile,
+    load_config,
+    load_hooks,
+    parse_config,
+    render_config,
+)
+from nodeagent_mig.planner import creatable, fragmentation_ratio, rank_order
 
 app = typer.Typer(
     help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",

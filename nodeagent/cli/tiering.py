@@ -75,7 +75,7 @@ PolicyOption = Annotated[
 
 
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
-    from tiering.kube import Kube, api_client
+    from nodeagent_tiering.kube import Kube, api_client
 
     try:
         api = api_client(server=server, kubeconfig=kubeconfig, in_cluster=in_cluster)
@@ -88,7 +88,7 @@ def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> An
 
 
 def _policy(path: Path) -> Any:
-    from tiering.policy import load_policy
+    from nodeagent_tiering.policy import load_policy
 
     try:
         return load_policy(path)
@@ -138,10 +138,10 @@ def run_command(
     """Assign tiers and drain unstable nodes within the disruption budget."""
     from prometheus_client import start_http_server
 
-    from tiering.clock import SystemClock
-    from tiering.controller import Controller
-    from tiering.kube import KubeError, NodeCache
-    from tiering.leader import LeaderElector
+    from nodeagent_tiering.clock import SystemClock
+    from nodeagent_tiering.controller import Controller
+    from nodeagent_tiering.kube import KubeError, NodeCache
+    from nodeagent_tiering.leader import LeaderElector
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -227,9 +227,9 @@ def report_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """The pool review per tier: health, drift, MIG layouts, fragmentation, drains."""
-    from tiering.kube import KubeError
-    from tiering.nodes import NodeView
-    from tiering.report import (
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.nodes import NodeView
+    from nodeagent_tiering.report import (
         TABLE_HEADERS,
         ReportError,
         build_review,
@@ -278,8 +278,8 @@ def reset_breaker_command(
     lease_name: LeaseOption = "nodeagent-tiering",
 ) -> None:
     """Close the circuit breaker; the leader resumes drains at its next renewal."""
-    from tiering.kube import KubeError
-    from tiering.leader import reset_breaker_on_lease
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.leader import reset_breaker_on_lease
 
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     try:

@@ -16,8 +16,8 @@ from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.model import HealthModel
-from nodeagent.health.report import history_path
 from nodeagent.health.reporter import Reporter
+from nodeagent.health.statefile import history_path
 from nodeagent.kube.node import NodePatcher, make_api
 
 log = logging.getLogger(__name__)

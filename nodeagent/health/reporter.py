@@ -17,9 +17,9 @@ from pathlib import Path
 
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
-from nodeagent.health.report import node_reasons, write_status
 from nodeagent.health.score import StabilityLevel
 from nodeagent.health.source import HealthState
+from nodeagent.health.statefile import node_reasons, write_status
 from nodeagent.kube.node import (
     ANNOTATION_REASONS,
     ANNOTATION_SCORE,

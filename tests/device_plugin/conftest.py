@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from device_plugin.manager import PluginManager
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent_device_plugin.manager import PluginManager
 from tests.device_plugin.kubelet import TestKubelet
 from tests.device_plugin.support import ScriptedHealth, enable_mig
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 CHECKPOINT = "kubelet_internal_checkpoint"
 

@@ -1,7 +1,7 @@
 """An independent exhaustive reference for whole-GPU GetPreferredAllocation (tests and benchmarks).
 
-It shares no code with ``device_plugin.allocation``, so a mistake there cannot hide by being
-repeated here. Everything is recomputed from the node snapshot with the facts of NVIDIA's
+It shares no code with ``nodeagent_device_plugin.preferred``, so a mistake there cannot hide by
+being repeated here. Everything is recomputed from the node snapshot with the facts of NVIDIA's
 best-effort policy (go-gpuallocator):
 
 - a pair scores by its PCIe path: cross-CPU 10, same CPU 20, host bridge 30, several switches

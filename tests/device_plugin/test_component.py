@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from device_plugin.component import build_component
-from device_plugin.resources import ResourceError
 from nodeagent.agent.component import AgentContext
+from nodeagent_device_plugin.component import build_component
+from nodeagent_device_plugin.resources import ResourceError
 from tests.device_plugin.conftest import make_config
 from tests.device_plugin.kubelet import TestKubelet
 from tests.device_plugin.support import enable_mig

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from device_plugin.health import HealthTracker
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
 from nodeagent.health.source import HealthState
 from nodeagent.sim.control import SimControl
+from nodeagent_device_plugin.health import HealthTracker
 from tests.support.clock import FakeClock
 
 TS4 = {"mode": "time-slicing", "replicas": 4}

@@ -7,9 +7,9 @@ import random
 import grpc
 import pytest
 
-from device_plugin.allocation import ScoreTable, pair_score, preferred_gpus
 from nodeagent.gpu.types import Link, LinkKind
 from nodeagent.sim.presets import preset_names
+from nodeagent_device_plugin.preferred import ScoreTable, pair_score, preferred_gpus
 from tests.device_plugin.optimum import Reference
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
 from nodeagent.gpu.node import open_node
 from nodeagent.gpu.types import (
     ComputeInstance,
@@ -32,6 +31,7 @@ from nodeagent.gpu.types import (
     RemappedRows,
     Telemetry,
 )
+from nodeagent.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
 GIB = 1 << 30
 

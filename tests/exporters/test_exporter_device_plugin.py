@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-import exporters
-from device_plugin import component as device_plugin_component
-from exporters.component import MetricsExporter
+import nodeagent_exporters
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.source import HealthState
+from nodeagent_device_plugin import component as device_plugin_component
+from nodeagent_exporters.component import MetricsExporter
 from tests.device_plugin.conftest import make_config
 from tests.device_plugin.kubelet import TestKubelet
 from tests.device_plugin.support import ScriptedHealth
@@ -62,7 +62,7 @@ def test_advertised_comes_from_the_plugin_without_pod_resources(
     ctx.health = health
     # The agent's order: the device plugin's factory runs first and publishes ctx.advertised.
     plugin = device_plugin_component.build_component(ctx)
-    exporter = exporters.build_component(ctx)
+    exporter = nodeagent_exporters.build_component(ctx)
     assert plugin is not None
     assert isinstance(exporter, MetricsExporter)
     assert ctx.advertised == plugin.advertised

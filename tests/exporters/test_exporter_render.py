@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from exporters.catalog import CATALOG, markdown
-from exporters.podresources import Allocations, PodDevice
-from exporters.render import Rendered, Renderer, Sources, age_lines
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import NodeSnapshot, RemappedRows
 from nodeagent.health.source import DeviceHealth, HealthState
+from nodeagent_exporters.catalog import CATALOG, markdown
+from nodeagent_exporters.podresources import Allocations, PodDevice
+from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
 from tests.exporters.exporter_factories import (
     H100_GEOMETRY,
     gpu_state,
@@ -139,7 +139,9 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
     assert emitted - documented == set(), "emitted but not in docs/metrics.md"
     # The full node exercises every family, so a cataloged family that never appears is dead.
     assert set(CATALOG) - emitted == set(), "cataloged but never emitted"
-    assert DOC.read_text() == markdown(), "docs/metrics.md is stale: python -m exporters.catalog"
+    assert DOC.read_text() == markdown(), (
+        "docs/metrics.md is stale: python -m nodeagent_exporters.catalog"
+    )
 
 
 def test_labels_match_the_catalog() -> None:

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from exporters import build_component
-from exporters.component import MetricsExporter
-from exporters.render import Rendered
-from exporters.server import MetricsServer, TlsFiles, parse_address
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
+from nodeagent_exporters import build_component
+from nodeagent_exporters.component import MetricsExporter
+from nodeagent_exporters.render import Rendered
+from nodeagent_exporters.server import MetricsServer, TlsFiles, parse_address
 from tests.exporters.exporter_factories import parse_samples, value
 from tests.support.waiting import wait_until
 

@@ -18,20 +18,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-import exporters
-from device_plugin import component as device_plugin_component
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from exporters.catalog import CATALOG
-from exporters.component import MetricsExporter
-from mig.apply import reconcile
-from mig.config import parse_config
+import nodeagent_exporters
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.sim.control import SimControl
+from nodeagent_device_plugin import component as device_plugin_component
+from nodeagent_exporters.catalog import CATALOG
+from nodeagent_exporters.component import MetricsExporter
+from nodeagent_mig.apply import reconcile
+from nodeagent_mig.config import parse_config
 from tests.device_plugin.conftest import make_config
 from tests.device_plugin.kubelet import TestKubelet
 from tests.exporters.exporter_factories import FakeKubelet, Samples, parse_samples, value
@@ -117,7 +117,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
     # The agent's factory order: health sets ctx.health, then the plugin, then the exporter.
     health = health_component.build_component(ctx)
     plugin = device_plugin_component.build_component(ctx)
-    exporter = exporters.build_component(ctx)
+    exporter = nodeagent_exporters.build_component(ctx)
     assert health is not None
     assert plugin is not None
     assert isinstance(exporter, MetricsExporter)

@@ -23,8 +23,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from exporters.component import MetricsExporter, build_component
 from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
@@ -32,7 +30,9 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health.component import build_component as build_health
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.sim.control import SimControl
+from nodeagent_exporters.component import MetricsExporter, build_component
 from tests.exporters.exporter_factories import FakeKubelet
 from tests.support.sim_nodes import split_into
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mig.apply import ENV_KILL_AT_STEP, INTENT_FILE, dry_run, reconcile
-from mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
 from nodeagent.cli.mig import app
 from nodeagent.gpu.errors import InsufficientResources
 from nodeagent.gpu.node import GpuNode, open_node
 from nodeagent.sim.control import SimControl
+from nodeagent_mig.apply import ENV_KILL_AT_STEP, INTENT_FILE, dry_run, reconcile
+from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
 
 STANDARD = [
     "all-1g",
@@ -268,8 +268,8 @@ def test_invalid_files_exit_2_and_change_nothing(tmp_path: Path, text: str, mess
 KILL_SCRIPT = """
 import sys
 from pathlib import Path
-from mig.apply import reconcile
-from mig.config import load_config
+from nodeagent_mig.apply import reconcile
+from nodeagent_mig.config import load_config
 from nodeagent.gpu.node import open_node
 sim, state, path, name = sys.argv[1:]
 node = open_node(simulate="dgx-a100", state_dir=Path(sim))

@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from mig.planner import (
+from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent_mig.planner import (
     BlockedByBusyError,
     InfeasibleError,
     Instance,
@@ -21,7 +22,6 @@ from mig.planner import (
     plan_gpu,
     rank_order,
 )
-from nodeagent.gpu.types import MigGeometry, Placement
 
 
 def brute_force_layouts(geometry: MigGeometry) -> set[frozenset[tuple[str, int]]]:

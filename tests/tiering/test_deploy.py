@@ -9,9 +9,9 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
+from nodeagent_tiering.policy import parse_policy
 from tests.deploy import render
 from tests.deploy.tools import require_module
-from tiering.policy import parse_policy
 
 DIRECTORY = render.KUSTOMIZE_DIR / "tiering"
 

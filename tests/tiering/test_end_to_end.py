@@ -15,10 +15,10 @@ from nodeagent.health.component import make_patcher
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.sim.control import SimControl
+from nodeagent_tiering.nodes import DRAIN_ANNOTATION, NodeView
 from tests.support.kubeapi import make_node as make_node_object
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import add_nodes, gpu_labels
-from tiering.nodes import DRAIN_ANNOTATION, NodeView
 
 NODE = "dgx-1"
 

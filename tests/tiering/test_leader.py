@@ -7,10 +7,10 @@ import json
 import pytest
 
 from nodeagent import labels as lbl
+from nodeagent_tiering.kube import KubeError
+from nodeagent_tiering.leader import BREAKER_ANNOTATION, breaker_from_lease, reset_breaker_on_lease
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import add_nodes, gpu_labels
-from tiering.kube import KubeError
-from tiering.leader import BREAKER_ANNOTATION, breaker_from_lease, reset_breaker_on_lease
 
 T4 = gpu_labels("Tesla-T4", count=1, nvlink=1)
 

@@ -15,13 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import labels as lbl
-from tests.support.kubeapi import KubeAPIServer, make_node, make_pod
-from tests.tiering.conftest import POLICY, gpu_labels
-from tiering.clock import FakeClock
-from tiering.controller import Controller
-from tiering.kube import Kube, NodeCache, api_client
-from tiering.nodes import DrainRecord, NodeView, Phase
-from tiering.planner import (
+from nodeagent_tiering.clock import FakeClock
+from nodeagent_tiering.controller import Controller
+from nodeagent_tiering.kube import Kube, NodeCache, api_client
+from nodeagent_tiering.nodes import DrainRecord, NodeView, Phase
+from nodeagent_tiering.planner import (
     BreakerState,
     MarkStable,
     Release,
@@ -31,7 +29,9 @@ from tiering.planner import (
     home_tier,
     plan,
 )
-from tiering.policy import TierPolicy, parse_policy
+from nodeagent_tiering.policy import TierPolicy, parse_policy
+from tests.support.kubeapi import KubeAPIServer, make_node, make_pod
+from tests.tiering.conftest import POLICY, gpu_labels
 
 KINDS = {
     "h100": gpu_labels(),

@@ -23,9 +23,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from device_plugin.resources import PluginDevice
 from nodeagent.config.policy import ReplicaPlacement
 from nodeagent.gpu.types import Link, LinkKind
+from nodeagent_device_plugin.resources import PluginDevice
 
 EXACT_LIMIT = 16  # whole-GPU choices are exact up to this many available GPUs
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.api import generate
-from device_plugin.api.podresources.v1 import api_pb2 as pr
-from device_plugin.api.v1beta1 import api_pb2 as dp
+from nodeagent.kubelet import generate
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
+from nodeagent.kubelet.podresources.v1 import api_pb2 as pr
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
         for rel in generate.outputs()
         if (tmp_path / rel).read_bytes() != (generate.REPO_ROOT / rel).read_bytes()
     ]
-    assert not stale, f"regenerate with `python -m device_plugin.api.generate`: {stale}"
+    assert not stale, f"regenerate with `python -m nodeagent.kubelet.generate`: {stale}"
 
 
 @pytest.mark.parametrize(

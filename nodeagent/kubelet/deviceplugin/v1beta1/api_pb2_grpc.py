@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from device_plugin.api.v1beta1 import api_pb2 as device__plugin_dot_api_dot_v1beta1_dot_api__pb2
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2 as nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in device_plugin/api/v1beta1/api_pb2_grpc.py depends on'
+        + ' but the generated code in nodeagent/kubelet/deviceplugin/v1beta1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,8 +37,8 @@ class RegistrationStub:
         """
         self.Register = channel.unary_unary(
                 '/v1beta1.Registration/Register',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_RegistrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.RegisterRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,8 +87,8 @@ class Registration:
             request,
             target,
             '/v1beta1.Registration/Register',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,
@@ -112,28 +112,28 @@ class DevicePluginStub:
         """
         self.GetDevicePluginOptions = channel.unary_unary(
                 '/v1beta1.DevicePlugin/GetDevicePluginOptions',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
                 _registered_method=True)
         self.ListAndWatch = channel.unary_stream(
                 '/v1beta1.DevicePlugin/ListAndWatch',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
                 _registered_method=True)
         self.GetPreferredAllocation = channel.unary_unary(
                 '/v1beta1.DevicePlugin/GetPreferredAllocation',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
                 _registered_method=True)
         self.Allocate = channel.unary_unary(
                 '/v1beta1.DevicePlugin/Allocate',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
                 _registered_method=True)
         self.PreStartContainer = channel.unary_unary(
                 '/v1beta1.DevicePlugin/PreStartContainer',
-                request_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
+                request_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
+                response_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
                 _registered_method=True)
 
 
@@ -180,28 +180,28 @@ def add_DevicePluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetDevicePluginOptions': grpc.unary_unary_rpc_method_handler(
                     servicer.GetDevicePluginOptions,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.DevicePluginOptions.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.SerializeToString,
             ),
             'ListAndWatch': grpc.unary_stream_rpc_method_handler(
                     servicer.ListAndWatch,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.SerializeToString,
             ),
             'GetPreferredAllocation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPreferredAllocation,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.SerializeToString,
             ),
             'Allocate': grpc.unary_unary_rpc_method_handler(
                     servicer.Allocate,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.SerializeToString,
             ),
             'PreStartContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.PreStartContainer,
-                    request_deserializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.SerializeToString,
+                    request_deserializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.FromString,
+                    response_serializer=nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,8 +230,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/GetDevicePluginOptions',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
             options,
             channel_credentials,
             insecure,
@@ -257,8 +257,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/ListAndWatch',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -284,8 +284,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/GetPreferredAllocation',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -311,8 +311,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/Allocate',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -338,8 +338,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/PreStartContainer',
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
-            device__plugin_dot_api_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
+            nodeagent_dot_kubelet_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,

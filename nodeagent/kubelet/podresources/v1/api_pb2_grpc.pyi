@@ -8,8 +8,8 @@ field numbers are the wire format and must match the kubelet's.
 """
 
 from collections import abc as _abc
-from device_plugin.api.podresources.v1 import api_pb2 as _api_pb2
 from grpc import aio as _aio
+from nodeagent.kubelet.podresources.v1 import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

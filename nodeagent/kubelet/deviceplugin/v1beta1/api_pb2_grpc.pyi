@@ -9,8 +9,8 @@ they are the wire format.
 """
 
 from collections import abc as _abc
-from device_plugin.api.v1beta1 import api_pb2 as _api_pb2
 from grpc import aio as _aio
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

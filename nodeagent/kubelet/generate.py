@@ -1,7 +1,7 @@
 """Regenerate the committed Python stubs of the kubelet APIs from their ``.proto`` files.
 
-Run ``python -m device_plugin.api.generate`` from the repository root after editing a proto.
-``tests/device_plugin/test_api_stubs.py`` regenerates into a temporary directory and fails on
+Run ``python -m nodeagent.kubelet.generate`` from the repository root after editing a proto.
+``tests/kubelet/test_api_stubs.py`` regenerates into a temporary directory and fails on
 any difference, so the committed stubs never drift from the protos.
 """
 
@@ -15,8 +15,8 @@ from grpc_tools import protoc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTOS = (
-    Path("device_plugin/api/v1beta1/api.proto"),
-    Path("device_plugin/api/podresources/v1/api.proto"),
+    Path("nodeagent/kubelet/deviceplugin/v1beta1/api.proto"),
+    Path("nodeagent/kubelet/podresources/v1/api.proto"),
 )
 # What protoc writes for each proto (the .pyi files come from mypy-protobuf).
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
@@ -40,7 +40,7 @@ def generate(out_root: Path = REPO_ROOT) -> list[Path]:
     """Compile every proto into ``out_root`` (mirroring the repository layout); return the files.
 
     Protos are compiled with the repository root as the include path, so generated modules
-    import each other as ``device_plugin.api...``.
+    import each other as ``nodeagent.kubelet...``.
     """
     for proto in PROTOS:
         (out_root / proto.parent).mkdir(parents=True, exist_ok=True)
