@@ -40,12 +40,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
 
-from nodeagent.agent.component import AgentContext  # noqa: E402
 from nodeagent.agent.sampler import Sampler  # noqa: E402
 from nodeagent.config.metrics import MetricsSection  # noqa: E402
 from nodeagent.config.schema import AgentConfig, SamplerSection  # noqa: E402
 from nodeagent.gpu.node import open_node  # noqa: E402
-from nodeagent_exporters.component import MetricsExporter, build_component  # noqa: E402
+from nodeagent.runtime.snapshots import SnapshotStore  # noqa: E402
+from nodeagent_exporters.component import MetricsExporter, build  # noqa: E402
 from tests.device_plugin.kubelet import TestKubelet  # noqa: E402
 
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
@@ -281,11 +281,11 @@ def breakdown_child(state_dir: Path, socket_path: Path, port: int) -> None:
         sampler=SamplerSection(interval_s=1.0),
         metrics=MetricsSection(address=f"127.0.0.1:{port}", pod_resources_socket=socket_path),
     )
-    ctx = AgentContext(config=config, node=node, state_dir=state_dir / "agent")
-    exporter = build_component(ctx)
+    snapshots = SnapshotStore()
+    exporter = build(config, snapshots)
     assert isinstance(exporter, MetricsExporter)
     stop = threading.Event()
-    sampler = Sampler(node, ctx.snapshots, config.sampler)
+    sampler = Sampler(node, snapshots, config.sampler)
     threading.Thread(target=sampler.run, args=(stop,), daemon=True).start()
     exporter.run(stop)
 

@@ -75,7 +75,6 @@ def main() -> None:
     poller.poll()
     renderer = Renderer(
         Sources(
-            geometry=node.mig_geometry,
             policy=lambda: PoolPolicy(request_sizes=("1g.10gb", "3g.40gb", "gpu")),
             allocations=lambda: poller.latest,
         )

@@ -14,14 +14,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import GpuInstance, GpuState, MigGeometry, NodeSnapshot
-from nodeagent.health.source import DeviceHealth, HealthSource, HealthState
+from nodeagent.gpu.types import GpuInstance, GpuState, NodeSnapshot
+from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
 from nodeagent_exporters import fragmentation
 from nodeagent_exporters.catalog import Kind, spec
 from nodeagent_exporters.podresources import Allocations
@@ -43,43 +42,6 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
     ("display_clocks", 0x100),
 )
 STABILITY_LEVELS = ("stable", "degraded", "unstable")
-
-
-@runtime_checkable
-class NodeHealthView(Protocol):
-    """The node-level part of the health model's report (its ``NodeHealth``), read by shape.
-
-    The exporter depends on these attributes only, not on the health model's module.
-    """
-
-    @property
-    def level(self) -> str:
-        """Stability level: stable, degraded or unstable."""
-        ...
-
-    @property
-    def score(self) -> float:
-        """The decayed sum of fault weights (0 = no recent faults)."""
-        ...
-
-    @property
-    def xids_total(self) -> Mapping[tuple[str, int], int]:
-        """XIDs seen, by (GPU UUID, code)."""
-        ...
-
-    @property
-    def xid_last_s(self) -> Mapping[tuple[str, int], float]:
-        """Unix time each (GPU UUID, code) was last seen."""
-        ...
-
-
-@runtime_checkable
-class NodeHealthSource(Protocol):
-    """A health source that also reports node stability and XID counts (the health model)."""
-
-    def node_health(self) -> NodeHealthView:
-        """A consistent view of the node's health."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +178,6 @@ class Sources:
     start after the exporter, and the poller replaces its attribution in the background.
     """
 
-    geometry: Callable[[int], MigGeometry | None]  # by GPU index; cached by the caller
     policy: Callable[[], PoolPolicy]
     health: Callable[[], HealthSource | None] = lambda: None
     allocations: Callable[[], Allocations | None] = lambda: None
@@ -401,7 +362,7 @@ class Renderer:
                 for candidate in HealthState:
                     value = float(candidate is dh.state)
                     f.add("nodeagent_mig_health_state", (*mig, candidate.value), value)
-        geometry = self.sources.geometry(gpu.info.index)
+        geometry = gpu.mig_geometry
         if geometry is None:
             return None
         occupied = sum(gi.placement.size for gi in gpu.mig_instances)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
+from nodeagent.runtime.backoff import Backoff
 from nodeagent_tiering.clock import Clock
 from nodeagent_tiering.kube import Kube, KubeError, NodeCache
 from nodeagent_tiering.leader import LeaderElector
@@ -42,9 +43,11 @@ STEP_INTERVAL_S = 2.0  # at most one eviction round per draining node this often
 
 
 @dataclass
-class _Backoff:
-    next_s: float
-    delay_s: float
+class _PodRetry:
+    """When an eviction refused by a PodDisruptionBudget is tried again."""
+
+    backoff: Backoff
+    next_s: float = 0.0
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Controller:
         self._unstable_since: dict[str, float] = {}
         self._seeded = False
         self._last_drain_start: float | None = None
-        self._backoff: dict[tuple[str, str], _Backoff] = {}
+        self._backoff: dict[tuple[str, str], _PodRetry] = {}
         self._next_step: dict[str, float] = {}
         self._deferred: dict[str, str] = {}
         self.last_plan: Plan | None = None
@@ -285,13 +288,14 @@ class Controller:
                 blocked += 1
                 remaining += 1
                 self.metrics.evictions_blocked.inc()
-                delay = (
-                    self.policy.drain.pdb_backoff_initial_s
-                    if backoff is None
-                    else min(backoff.delay_s * 2, self.policy.drain.pdb_backoff_max_s)
-                )
-                self._backoff[key] = _Backoff(now + delay, delay)
-                next_try = min(next_try, now + delay)
+                if backoff is None:
+                    drain = self.policy.drain
+                    backoff = _PodRetry(
+                        Backoff(drain.pdb_backoff_initial_s, drain.pdb_backoff_max_s)
+                    )
+                    self._backoff[key] = backoff
+                backoff.next_s = now + backoff.backoff.fail()
+                next_try = min(next_try, backoff.next_s)
             else:
                 remaining += 1
                 log.warning("eviction of %s/%s failed: %s", key[0], key[1], result.message)

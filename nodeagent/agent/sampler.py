@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
-from nodeagent.agent.snapshots import SnapshotStore
 from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
+from nodeagent.runtime.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 

@@ -277,6 +277,7 @@ class GpuNode:
         self._static_cache: dict[int, _Static] = {}
         self._last_info: dict[int, GpuInfo] = {}
         self._last_instances: dict[int, tuple[GpuInstance, ...]] = {}
+        self._last_geometry: dict[int, MigGeometry | None] = {}
         self._geometry_cache: dict[int, MigGeometry] = {}
         self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
         self._topology: dict[tuple[int, int], Link] | None = None
@@ -1156,13 +1157,17 @@ class GpuNode:
             finally:
                 self._pass.soft_errors = None
             instances = self._read_instances(index, processes, info.mig_enabled)
+            # Read by _read_instances already when MIG is on (and cached), so this is free.
+            geometry = self.mig_geometry(index) if info.mig_enabled else None
             self._last_instances[index] = instances
+            self._last_geometry[index] = geometry
             return GpuState(
                 info=info,
                 telemetry=telemetry,
                 mig_instances=instances,
                 # The readings that failed are None in the telemetry; the error says which.
                 error="; ".join(failed_readings) if failed_readings else None,
+                mig_geometry=geometry,
             )
         except GpuLost as exc:
             info = self._unreadable_info(index, driver, cuda)
@@ -1174,6 +1179,7 @@ class GpuNode:
                 mig_instances=self._last_instances.get(index, ()),
                 lost=True,
                 error=str(exc),
+                mig_geometry=self._last_geometry.get(index),
             )
         except GpuError as exc:
             # Any other failure spoils this GPU's sample only; the pass goes on for the others.

@@ -255,7 +255,8 @@ class GpuState:
     """Everything sampled from one GPU in one pass; ``lost`` GPUs carry only ``info``.
 
     ``error`` says what went wrong: why a lost GPU is lost, why there is no telemetry, or which
-    readings failed (those are ``None`` in ``telemetry``, the rest were read).
+    readings failed (those are ``None`` in ``telemetry``, the rest were read). A lost GPU keeps
+    its last known MIG layout and geometry, so its MIG devices are reported lost, not dropped.
     """
 
     info: GpuInfo
@@ -263,6 +264,9 @@ class GpuState:
     mig_instances: tuple[GpuInstance, ...]
     lost: bool = False
     error: str | None = None
+    # The MIG rules of the GPU's model while MIG is enabled (None otherwise): what capacity and
+    # fragmentation are computed from, so no consumer has to ask NVML for it.
+    mig_geometry: MigGeometry | None = None
 
 
 @dataclass(frozen=True, slots=True)

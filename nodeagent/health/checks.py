@@ -15,8 +15,8 @@ from typing import Protocol
 
 from nodeagent.config.health import HealthSection
 from nodeagent.gpu.types import GpuState, NodeSnapshot, Telemetry
-from nodeagent.health.source import HealthState
 from nodeagent.health.xids import Action
+from nodeagent.runtime.health import HealthState
 
 # nvmlClocksEventReason* bits that mean the hardware or driver slowed the GPU to protect itself
 # (the reference notes' list; idle, application clocks, SW power cap and sync boost are normal).

@@ -18,7 +18,6 @@ from pathlib import Path
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
 from nodeagent.health.score import StabilityLevel
-from nodeagent.health.source import HealthState
 from nodeagent.health.statefile import node_reasons, write_status
 from nodeagent.kube.node import (
     ANNOTATION_REASONS,
@@ -31,6 +30,8 @@ from nodeagent.kube.node import (
     NodePatcher,
     label_value,
 )
+from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.health import HealthState
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +101,20 @@ class Reporter:
         self.state_dir = state_dir
         self.node_name = node_name
         self.patcher = patcher
-        self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
+        self._backoff = Backoff(retry_initial_s, retry_max_s)
         self.extra_labels = extra_labels
         self.extra_annotations = extra_annotations
         self.wake = threading.Event()
-        self.failures = 0  # consecutive failed patches
         self._retry_at = 0.0
         self._last_error: str | None = None
         self._last_status: tuple[object, ...] | None = None
         self._last_written = 0.0
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failed patches."""
+        return self._backoff.failures
 
     def report_once(self) -> float:
         """Write what changed; returns how long to wait before the next attempt (seconds)."""
@@ -142,8 +147,7 @@ class Reporter:
             )
             self.patcher.apply(flags)
         except KubeUnavailableError as exc:
-            self.failures += 1
-            delay = min(self.retry_initial_s * 2.0 ** (self.failures - 1), self.retry_max_s)
+            delay = self._backoff.fail()
             if str(exc) != self._last_error:  # log each distinct failure once
                 log.warning(
                     "cannot flag node %s (retrying, every %.1fs at most %.0fs): %s",
@@ -157,7 +161,7 @@ class Reporter:
             return delay
         if self.failures:
             log.info("API server reachable again; node %s flags caught up", self.node_name)
-        self.failures = 0
+        self._backoff.succeed()
         self._last_error = None
         return interval
 

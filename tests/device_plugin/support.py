@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import Placement
-from nodeagent.health.source import DeviceHealth, HealthState, HealthTransition
+from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
 
 
 class ScriptedHealth:

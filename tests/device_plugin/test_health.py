@@ -10,7 +10,7 @@ import pytest
 
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent_device_plugin.health import HealthTracker
 from tests.support.clock import FakeClock

@@ -117,7 +117,12 @@ def gpu_state(
     if lost:
         return GpuState(info, None, (), lost=True, error="GPU is lost")
     procs = tuple(ProcessInfo(100 + p, GIB, None, None) for p in range(processes))
-    return GpuState(info, telemetry(index, processes=procs, **tele), tuple(mig or ()))
+    return GpuState(
+        info,
+        telemetry(index, processes=procs, **tele),
+        tuple(mig or ()),
+        mig_geometry=H100_GEOMETRY if mig is not None else None,
+    )
 
 
 def snapshot(gpus: Sequence[GpuState], *, nvlink: bool = True, **kw: object) -> NodeSnapshot:

@@ -8,10 +8,10 @@ import threading
 import time
 from pathlib import Path
 
-from nodeagent.agent.component import AgentContext
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
+from nodeagent.gpu.node import GpuNode
 from nodeagent_mig.apply import ApplyReport, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
 
@@ -31,8 +31,9 @@ class MigReconciler:
 
     name = "mig-reconciler"
 
-    def __init__(self, ctx: AgentContext) -> None:
-        self._ctx = ctx
+    def __init__(self, node: GpuNode, config: AgentConfig) -> None:
+        self._node = node
+        self._config = config
         self._wake = threading.Event()
         self._ready = threading.Event()
         self._applied: tuple[str | None, Path, float] | None = None
@@ -51,10 +52,11 @@ class MigReconciler:
 
     def reload(self, config: AgentConfig) -> None:
         """Re-check the layout after SIGHUP (the pool's layout name or the file may differ)."""
+        self._config = config
         self._wake.set()
 
     def _wanted(self) -> tuple[str | None, Path, float]:
-        config = self._ctx.config
+        config = self._config
         path = config.mig.layout_file or DEFAULT_CONFIG_FILE
         try:
             mtime = path.stat().st_mtime
@@ -66,13 +68,13 @@ class MigReconciler:
         """Apply the wanted layout if it changed since the last successful apply."""
         wanted = self._wanted()
         layout, path, _ = wanted
-        config = self._ctx.config
+        config = self._config
         if layout is None or not config.mig.enabled or wanted == self._applied:
             return
-        state_dir = self._ctx.state_dir / "mig"
+        state_dir = config.state_dir / "mig"
         try:
             report = reconcile(
-                self._ctx.node,
+                self._node,
                 load_config(path),
                 layout,
                 state_dir=state_dir,
@@ -94,7 +96,7 @@ class MigReconciler:
         self._write_status({"layout": layout, **report.to_dict()})
 
     def _write_status(self, data: dict[str, object]) -> None:
-        write_json_atomic(self._ctx.state_dir / STATUS_FILE, data, durable=False)
+        write_json_atomic(self._config.state_dir / STATUS_FILE, data, durable=False)
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile at start, then whenever a reload asks or a failed apply is retried."""
@@ -113,6 +115,6 @@ class MigReconciler:
             self._wake.clear()
 
 
-def build_component(ctx: AgentContext) -> MigReconciler | None:
+def build(config: AgentConfig, node: GpuNode) -> MigReconciler | None:
     """The reconciler, or None when MIG management is off."""
-    return MigReconciler(ctx) if ctx.config.mig.enabled else None
+    return MigReconciler(node, config) if config.mig.enabled else None

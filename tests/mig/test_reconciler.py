@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nodeagent.agent.component import AgentContext
-from nodeagent.agent.mig_reconciler import MigReconciler
 from nodeagent.config.schema import load_agent_config
 from nodeagent.sim.control import SimControl
+from nodeagent_mig.reconciler import MigReconciler
 
 
 def agent_config(tmp_path: Path, layout: str):
@@ -28,23 +27,22 @@ def test_layout_applied_at_start_then_changed_without_touching_busy_instances(
     make_node, sim_state_dir: Path, tmp_path: Path
 ) -> None:
     node = make_node("dgx-h100")
-    ctx = AgentContext(agent_config(tmp_path, "all-balanced"), node, tmp_path / "state")
-    ctx.state_dir.mkdir(parents=True)
-    reconciler = MigReconciler(ctx)
+    config = agent_config(tmp_path, "all-balanced")
+    config.state_dir.mkdir(parents=True)
+    reconciler = MigReconciler(node, config)
     reconciler.reconcile_once()
     assert reconciler.last_report is not None
     assert reconciler.last_report.ok
     balanced = profiles(node, 0)
     assert balanced == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
-    status = json.loads((ctx.state_dir / "mig-status.json").read_text())
+    status = json.loads((config.state_dir / "mig-status.json").read_text())
     assert status["ok"] is True
     assert status["layout"] == "all-balanced"
 
     # A job runs on GPU 0's 3g instance; the pool moves to all-1g, which needs its slices.
     busy = next(gi for gi in node.mig_instances(0) if gi.profile == "3g.40gb")
     SimControl(sim_state_dir).add_process(0, mig_uuid=busy.uuid)
-    ctx.config = agent_config(tmp_path, "all-1g")
-    reconciler.reload(ctx.config)
+    reconciler.reload(agent_config(tmp_path, "all-1g"))
     reconciler.reconcile_once()
     assert reconciler.last_report is not None
     assert not reconciler.last_report.ok
@@ -54,9 +52,9 @@ def test_layout_applied_at_start_then_changed_without_touching_busy_instances(
 
 def test_an_invalid_layout_name_is_reported_and_changes_nothing(make_node, tmp_path: Path):
     node = make_node("dgx-h100")
-    ctx = AgentContext(agent_config(tmp_path, "all-9g"), node, tmp_path / "state")
-    ctx.state_dir.mkdir(parents=True)
-    reconciler = MigReconciler(ctx)
+    config = agent_config(tmp_path, "all-9g")
+    config.state_dir.mkdir(parents=True)
+    reconciler = MigReconciler(node, config)
     reconciler.reconcile_once()
     assert reconciler.last_error is not None
     assert "all-9g" in reconciler.last_error

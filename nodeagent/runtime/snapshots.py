@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from nodeagent.gpu.types import NodeSnapshot
-
-log = logging.getLogger(__name__)
+from nodeagent.runtime.subscribers import Subscribers
 
 SnapshotCallback = Callable[[NodeSnapshot], None]
+
+
+class SnapshotFeed(Protocol):
+    """What a feature sees of the snapshot store: read the latest, wait for or follow new ones."""
+
+    @property
+    def latest(self) -> NodeSnapshot | None:
+        """The newest snapshot, or None before the first sample."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """How many snapshots have been published."""
+        ...
+
+    def subscribe(self, callback: SnapshotCallback) -> Callable[[], None]:
+        """Call ``callback`` on every new snapshot (sampler thread); returns unsubscribe."""
+        ...
+
+    def wait_newer(self, generation: int, timeout_s: float) -> NodeSnapshot | None:
+        """Wait until a snapshot newer than ``generation`` exists; None on timeout."""
+        ...
 
 
 class SnapshotStore:
@@ -22,7 +43,7 @@ class SnapshotStore:
     def __init__(self) -> None:
         self._latest: NodeSnapshot | None = None
         self._cond = threading.Condition()
-        self._subscribers: list[SnapshotCallback] = []
+        self._subscribers: Subscribers[NodeSnapshot] = Subscribers("snapshot subscriber")
         self._generation = 0
 
     @property
@@ -44,24 +65,11 @@ class SnapshotStore:
             self._latest = snapshot
             self._generation += 1
             self._cond.notify_all()
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            try:
-                callback(snapshot)
-            except Exception:
-                log.exception("snapshot subscriber %r failed", callback)
+        self._subscribers.notify(snapshot)
 
     def subscribe(self, callback: SnapshotCallback) -> Callable[[], None]:
         """Call ``callback`` on every new snapshot (sampler thread); returns unsubscribe."""
-        with self._cond:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._cond:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def wait_newer(self, generation: int, timeout_s: float) -> NodeSnapshot | None:
         """Wait until a snapshot newer than ``generation`` exists; None on timeout."""

@@ -1,7 +1,7 @@
 """The interface through which other features read GPU health.
 
 CONTRACT FILE: the device plugin, the exporter and the reporter depend on these names only, never
-on the health model's internals.
+on the health model's internals (``nodeagent.health`` implements them).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class HealthState(enum.StrEnum):
@@ -55,4 +55,38 @@ class HealthSource(Protocol):
 
     def subscribe(self, callback: Callable[[HealthTransition], None]) -> Callable[[], None]:
         """Call ``callback`` on every transition (from the health thread); returns unsubscribe."""
+        ...
+
+
+@runtime_checkable
+class NodeHealthView(Protocol):
+    """The node-level part of the health model's report, read by shape."""
+
+    @property
+    def level(self) -> str:
+        """Stability level: stable, degraded or unstable."""
+        ...
+
+    @property
+    def score(self) -> float:
+        """The decayed sum of fault weights (0 = no recent faults)."""
+        ...
+
+    @property
+    def xids_total(self) -> Mapping[tuple[str, int], int]:
+        """XIDs seen, by (GPU UUID, code)."""
+        ...
+
+    @property
+    def xid_last_s(self) -> Mapping[tuple[str, int], float]:
+        """Unix time each (GPU UUID, code) was last seen."""
+        ...
+
+
+@runtime_checkable
+class NodeHealthSource(Protocol):
+    """A health source that also reports node stability and XID counts (the health model)."""
+
+    def node_health(self) -> NodeHealthView:
+        """A consistent view of the node's health."""
         ...
