@@ -17,13 +17,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent import labels as lbl
 from nodeagent_tiering.clock import Clock
 from nodeagent_tiering.kube import Kube, KubeError, micro_time
 from nodeagent_tiering.planner import BreakerState
 
 log = logging.getLogger(__name__)
 
-BREAKER_ANNOTATION = "nodeagent.io/circuit-breaker"
+BREAKER_ANNOTATION = lbl.BREAKER_ANNOTATION
 
 
 def breaker_from_lease(lease: dict[str, Any] | None) -> BreakerState:

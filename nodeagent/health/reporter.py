@@ -15,21 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nodeagent import labels as lbl
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
 from nodeagent.health.score import StabilityLevel
 from nodeagent.health.statefile import node_reasons, write_status
-from nodeagent.kube.node import (
-    ANNOTATION_REASONS,
-    ANNOTATION_SCORE,
-    LABEL_DRIVER,
-    LABEL_HEALTH,
-    LABEL_STABILITY,
-    KubeUnavailableError,
-    NodeFlags,
-    NodePatcher,
-    label_value,
-)
+from nodeagent.kube.node import KubeUnavailableError, NodeFlags, NodePatcher
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health import HealthState
 
@@ -65,13 +56,13 @@ def desired_flags(
         message = "all GPUs healthy"
     message += f"; stability {health.level.value}, score {health.score:.1f}"
     labels = dict(extra_labels or {})
-    labels[LABEL_HEALTH] = worst.value
-    labels[LABEL_STABILITY] = health.level.value
+    labels[lbl.GPU_HEALTH] = worst.value
+    labels[lbl.STABILITY] = health.level.value
     if health.driver_version:
-        labels[LABEL_DRIVER] = label_value(health.driver_version)
+        labels[lbl.DRIVER_VERSION] = lbl.label_value(health.driver_version)
     annotations = dict(extra_annotations or {})
-    annotations[ANNOTATION_SCORE] = f"{health.score:.1f}"
-    annotations[ANNOTATION_REASONS] = json.dumps(reasons)
+    annotations[lbl.STABILITY_SCORE_ANNOTATION] = f"{health.score:.1f}"
+    annotations[lbl.HEALTH_REASONS_ANNOTATION] = json.dumps(reasons)
     return NodeFlags(
         healthy=worst.schedulable,
         reason=_REASONS[worst],
