@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
 
+from nodeagent.agent.backend import open_node  # noqa: E402
 from nodeagent.config.schema import AgentConfig, load_agent_config  # noqa: E402
-from nodeagent.gpu.node import GpuNode, open_node  # noqa: E402
+from nodeagent.gpu.node import GpuNode  # noqa: E402
 from nodeagent_device_plugin.manager import PluginManager  # noqa: E402
 from tests.device_plugin.kubelet import TestKubelet  # noqa: E402
 from tests.device_plugin.support import ScriptedHealth, enable_mig  # noqa: E402

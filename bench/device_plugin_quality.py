@@ -19,7 +19,7 @@ from pathlib import Path
 
 from device_plugin_common import table
 
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.sim.presets import preset_names
 from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus
 from tests.device_plugin.optimum import Reference

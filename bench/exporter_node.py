@@ -16,7 +16,8 @@ import grpc
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository root: tests.* helpers
 
 
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.agent.backend import open_node
+from nodeagent.gpu.node import GpuNode
 from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.sim.control import SimControl
 from tests.exporters.exporter_factories import FakeKubelet

@@ -40,10 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
 
+from nodeagent.agent.backend import open_node  # noqa: E402
 from nodeagent.agent.sampler import Sampler  # noqa: E402
 from nodeagent.config.metrics import MetricsSection  # noqa: E402
 from nodeagent.config.schema import AgentConfig, SamplerSection  # noqa: E402
-from nodeagent.gpu.node import open_node  # noqa: E402
 from nodeagent.runtime.snapshots import SnapshotStore  # noqa: E402
 from nodeagent_exporters.component import MetricsExporter, build  # noqa: E402
 from tests.device_plugin.kubelet import TestKubelet  # noqa: E402

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from nodeagent.agent.backend import open_node
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component
 from nodeagent.health.component import HealthComponent
 from nodeagent.health.model import HealthModel

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import GpuInstance, GpuState, NodeSnapshot
+from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
 from nodeagent_exporters import fragmentation
 from nodeagent_exporters.catalog import Kind, spec
@@ -28,19 +28,9 @@ from nodeagent_mig import planner
 
 log = logging.getLogger(__name__)
 
-# NVML clocks-event reason bits (nvmlClocksEventReason*), one series each so alerts can pick the
-# reasons that matter (hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown) by label.
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clocks", 0x100),
-)
+# One series per clocks-event reason, so alerts can pick the reasons that matter (hw_slowdown,
+# hw_thermal_slowdown, hw_power_brake_slowdown) by label.
+CLOCK_EVENT_REASONS = tuple(ClockEventReason)
 STABILITY_LEVELS = ("stable", "degraded", "unstable")
 
 
@@ -297,9 +287,9 @@ class Renderer:
         f.add("nodeagent_gpu_sm_clock_hertz", ids, t.sm_clock_hz)
         f.add("nodeagent_gpu_memory_clock_hertz", ids, t.memory_clock_hz)
         if t.clock_event_reasons is not None:
-            for reason, bit in CLOCK_EVENT_REASONS:
-                active = float(bool(t.clock_event_reasons & bit))
-                f.add("nodeagent_gpu_clock_event_active", (*ids, reason), active)
+            for reason in CLOCK_EVENT_REASONS:
+                active = float(bool(t.clock_event_reasons & reason))
+                f.add("nodeagent_gpu_clock_event_active", (*ids, reason.label), active)
         f.add("nodeagent_gpu_pcie_replays_total", ids, t.pcie_replay_count)
         for link in t.nvlinks:
             n = str(link.link)

@@ -1,4 +1,4 @@
-"""Apply a MIG layout to the node through :class:`nodeagent.gpu.node.GpuNode`, crash-safely.
+"""Apply a MIG layout to the node through :class:`nodeagent.gpu.protocols.MigDevices`, crash-safely.
 
 Order of work (each numbered item is skipped when there is nothing to do):
 
@@ -38,7 +38,7 @@ from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import GpuInstance, MigGeometry
 from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
 from nodeagent_mig.planner import (
@@ -155,7 +155,7 @@ def _split(instances: Sequence[GpuInstance]) -> tuple[tuple[Instance, ...], tupl
     return whole, half
 
 
-def prepare(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
+def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
     """Resolve the layout and plan every selected GPU; changes nothing.
 
     Raises:
@@ -280,7 +280,7 @@ class _Steps:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _destroy(node: GpuNode, index: int, gi: GpuInstance, step: _Steps) -> None:
+def _destroy(node: MigDevices, index: int, gi: GpuInstance, step: _Steps) -> None:
     """Compute instances first, then the GPU instance (NVML refuses the GI while CIs exist)."""
     for ci in gi.compute_instances:
         step(f"GPU {index}: destroy compute instance {ci.instance_id} of GI {gi.instance_id}")
@@ -293,14 +293,14 @@ def _label(gi: GpuInstance | Instance | NewInstance) -> str:
     return f"{gi.profile}@{gi.placement.start}:{gi.placement.size}"
 
 
-def _find(node: GpuNode, index: int, item: Instance | NewInstance) -> GpuInstance | None:
+def _find(node: MigDevices, index: int, item: Instance | NewInstance) -> GpuInstance | None:
     for gi in node.mig_instances(index):
         if gi.profile == item.profile and gi.placement == item.placement:
             return gi
     return None
 
 
-def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
+def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
     """Fill in what the GPU holds now, its capacity, and check it against the target."""
     try:
         info = node.info(w.index)
@@ -325,7 +325,7 @@ def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
 
 
 def _rollback(
-    node: GpuNode,
+    node: MigDevices,
     index: int,
     created: list[NewInstance],
     destroyed: list[Instance],
@@ -352,7 +352,7 @@ def _rollback(
 
 
 def _apply_mode(
-    node: GpuNode, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
+    node: MigDevices, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
 ) -> bool:
     """Bring the GPU's MIG mode to the target; True when it is in effect now."""
     index = w.index
@@ -389,7 +389,7 @@ def _apply_mode(
     return False
 
 
-def _apply_layout(node: GpuNode, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
+def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
     """Destroy and create instances on one GPU (MIG is on), rolling back on failure."""
     index = w.index
     now = node.mig_instances(index)
@@ -421,7 +421,7 @@ def _apply_layout(node: GpuNode, w: _GpuWork, r: GpuReport, force: bool, step: _
 
 
 def execute(
-    node: GpuNode,
+    node: MigDevices,
     prepared: Prepared,
     cfg: MigConfigFile,
     *,
@@ -513,7 +513,7 @@ def execute(
 
 
 def reconcile(
-    node: GpuNode,
+    node: MigDevices,
     cfg: MigConfigFile,
     name: str,
     *,
@@ -544,7 +544,7 @@ def reconcile(
     )
 
 
-def dry_run(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> ApplyReport:
+def dry_run(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> ApplyReport:
     """What :func:`reconcile` would do, without changing anything."""
     prepared = prepare(node, cfg, name, force=force)
     report = ApplyReport(prepared.config, [], dry_run=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.protocols import GpuInventory
 from nodeagent.gpu.types import MigGeometry
 from nodeagent_mig.planner import check_layout, rank_order
 
@@ -318,7 +318,7 @@ def load_config(path: Path | str) -> MigConfigFile:
     return parse_config(text, str(path))
 
 
-def gpu_facts(node: GpuNode) -> list[GpuFacts]:
+def gpu_facts(node: GpuInventory) -> list[GpuFacts]:
     """Facts about every GPU of the node, for :func:`resolve`."""
     out = []
     for i in range(node.count()):

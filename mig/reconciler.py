@@ -11,7 +11,7 @@ from pathlib import Path
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.protocols import MigDevices
 from nodeagent_mig.apply import ApplyReport, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
 
@@ -31,7 +31,7 @@ class MigReconciler:
 
     name = "mig-reconciler"
 
-    def __init__(self, node: GpuNode, config: AgentConfig) -> None:
+    def __init__(self, node: MigDevices, config: AgentConfig) -> None:
         self._node = node
         self._config = config
         self._wake = threading.Event()
@@ -115,6 +115,6 @@ class MigReconciler:
             self._wake.clear()
 
 
-def build(config: AgentConfig, node: GpuNode) -> MigReconciler | None:
+def build(config: AgentConfig, node: MigDevices) -> MigReconciler | None:
     """The reconciler, or None when MIG management is off."""
     return MigReconciler(node, config) if config.mig.enabled else None

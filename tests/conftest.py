@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.agent.backend import open_node
+from nodeagent.gpu.node import GpuNode
 
 
 @pytest.fixture(autouse=True)

@@ -205,7 +205,7 @@ def install_systemd(
             "pass --prefix DIR where DIR/bin/nodeagent is the installed command",
         )
     if simulate is not None:
-        from nodeagent.gpu.node import preset_names
+        from nodeagent.agent.backend import preset_names
 
         if simulate not in preset_names():
             fail(

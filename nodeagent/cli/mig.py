@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from nodeagent.agent.backend import simulated_preset
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
@@ -408,7 +409,8 @@ def apply(
         sys.stdout.write("This destroys:\n" + "".join(f"  {d}\n" for d in doomed))
         if not typer.confirm("Go ahead?", default=False):
             fail("cancelled; nothing was changed", "pass --yes to skip the question")
-    state = _mig_state_dir(mig_state, state_dir, node.simulated, choice.agent)
+    simulated = simulated_preset(simulate) is not None
+    state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
     try:
         report = execute(
             node, prepared, cfg, state_dir=state, force=force, allow_reset=allow_reset, hooks=hooks

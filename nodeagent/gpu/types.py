@@ -198,11 +198,34 @@ class NvLinkStatus:
     crc_flit_errors: int | None
 
 
+class ClockEventReason(enum.IntFlag):
+    """Why the GPU's clocks are where they are: NVML's ``nvmlClocksEventReason*`` bits.
+
+    Decoded once here; the exporter shows every member as a series, the health checks react to
+    the slowdowns. Bits a newer driver adds stay in the value (``IntFlag`` keeps unknown bits).
+    """
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS = 0x2  # clocks set by the applications-clocks setting
+    SW_POWER_CAP = 0x4  # the power cap (software) holds the clocks down
+    HW_SLOWDOWN = 0x8  # hardware slowdown: thermal, power brake or an external signal
+    SYNC_BOOST = 0x10  # clocks synchronised with other GPUs of a sync-boost group
+    SW_THERMAL_SLOWDOWN = 0x20  # the driver lowers clocks to stay under the thermal limit
+    HW_THERMAL_SLOWDOWN = 0x40  # the GPU itself slows down: it is too hot
+    HW_POWER_BRAKE_SLOWDOWN = 0x80  # an external power brake (the power supply) slows it
+    DISPLAY_CLOCKS = 0x100  # display clock settings
+
+    @property
+    def label(self) -> str:
+        """The reason's name as exported (``hw_slowdown``); only for single-bit members."""
+        return (self.name or "").lower()
+
+
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     """One sample of a GPU's moving values and health counters.
 
-    ``clock_event_reasons`` is NVML's bitmask (``nvmlClocksEventReason*``).
+    ``clock_event_reasons`` is NVML's bitmask, decoded (:class:`ClockEventReason`).
     """
 
     gpu_index: int
@@ -218,7 +241,7 @@ class Telemetry:
     energy_joules: float | None  # total since driver load
     sm_clock_hz: float | None
     memory_clock_hz: float | None
-    clock_event_reasons: int | None
+    clock_event_reasons: ClockEventReason | None
     ecc: EccCounts | None
     remapped_rows: RemappedRows | None
     retired_pages_sbe: int | None

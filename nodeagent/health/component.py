@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuLost
-from nodeagent.gpu.node import EventWatcher
+from nodeagent.gpu.protocols import EventSource
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import history_path
@@ -27,14 +26,6 @@ log = logging.getLogger(__name__)
 EVENT_WAIT_S = 0.5  # how often the event thread looks at the stop flag
 
 Provider = Callable[[], Mapping[str, str]]
-
-
-class EventSource(Protocol):
-    """Where XID and ECC events come from (the GPU layer)."""
-
-    def watch_events(self) -> EventWatcher:
-        """Open an event set on every GPU that supports it."""
-        ...
 
 
 class HealthComponent:

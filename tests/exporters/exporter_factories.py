@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.types import (
+    ClockEventReason,
     ComputeInstance,
     EccCounts,
     GpuInfo,
@@ -70,7 +71,7 @@ def telemetry(index: int, **overrides: object) -> Telemetry:
         energy_joules=123456.0,
         sm_clock_hz=1.98e9,
         memory_clock_hz=2.619e9,
-        clock_event_reasons=0x1,
+        clock_event_reasons=ClockEventReason.GPU_IDLE,
         ecc=EccCounts(1, 0, 5, 0),
         remapped_rows=RemappedRows(0, 0, pending=False, failure=False),
         retired_pages_sbe=None,

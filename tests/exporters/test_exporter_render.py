@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import NodeSnapshot, RemappedRows
+from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
@@ -182,7 +182,7 @@ def test_driver_drift(expected: str | None, drift: float) -> None:
     ],
 )
 def test_clock_event_reasons_one_series_each(mask: int, active: set[str]) -> None:
-    samples = render(snapshot([gpu_state(0, clock_event_reasons=mask)]))
+    samples = render(snapshot([gpu_state(0, clock_event_reasons=ClockEventReason(mask))]))
     series = {
         dict(ls)["reason"]: v
         for (n, ls), v in samples.items()

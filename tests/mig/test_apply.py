@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nodeagent.agent.backend import open_node
 from nodeagent.cli.mig import app
 from nodeagent.gpu.errors import InsufficientResources
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from nodeagent_mig.apply import ENV_KILL_AT_STEP, INTENT_FILE, dry_run, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
@@ -270,7 +271,7 @@ import sys
 from pathlib import Path
 from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import load_config
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 sim, state, path, name = sys.argv[1:]
 node = open_node(simulate="dgx-a100", state_dir=Path(sim))
 reconcile(node, load_config(path), name, state_dir=Path(state), allow_reset=True)

@@ -1,4 +1,4 @@
-"""Opening a node: simulator presets, the environment, and a host without a driver."""
+"""Choosing the backend at the edge: simulator presets, the environment, no driver."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.agent.backend import open_node, preset_names, simulated_preset
 from nodeagent.gpu.errors import DriverNotLoaded, InvalidArgument
-from nodeagent.gpu.node import open_node, preset_names
 
 REQUIRED_PRESETS = (
     "dgx-a100",
@@ -68,8 +68,8 @@ def test_env_simulate_selects_the_simulator(
 ) -> None:
     monkeypatch.setenv("NODEAGENT_SIMULATE", "pcie-h100nvl")
     monkeypatch.setenv("NODEAGENT_SIM_STATE", str(tmp_path))
+    assert simulated_preset(None) == "pcie-h100nvl"
     with open_node() as node:
-        assert node.simulated
         assert node.count() == 4
     # The node lives in the state directory named by the environment.
     assert any(tmp_path.iterdir())
