@@ -46,18 +46,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from mig_common import geometries
 
+from nodeagent.capacity import capacity_key, fragmentation_ratio, memory_slices_of
 from nodeagent.gpu.types import MigGeometry, Placement
 from nodeagent.sim.ops import default_start
-from nodeagent_mig.planner import (
-    Instance,
-    NewInstance,
-    capacity_key,
-    check_layout,
-    fragmentation_ratio,
-    memory_slices_of,
-    place_on_node,
-    plan_gpu,
-)
+from nodeagent_mig.planner import Instance, NewInstance, check_layout, place_on_node, plan_gpu
 
 GPUS = 8
 HOLD = 10.0  # mean holding time of an instance

@@ -18,13 +18,12 @@ from importlib import metadata
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from nodeagent import capacity
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
-from nodeagent_exporters import fragmentation
 from nodeagent_exporters.catalog import Kind, spec
 from nodeagent_exporters.podresources import Allocations
-from nodeagent_mig import planner
 
 log = logging.getLogger(__name__)
 
@@ -234,10 +233,10 @@ class Renderer:
             elif self._is_free(gpu, health.get(gpu.info.uuid), allocated_uuids):
                 free_gpus.append(gpu.info.index)
 
-        components = fragmentation.nvlink_components(free_gpus, snap.topology)
+        components = capacity.nvlink_components(free_gpus, snap.topology)
         f.add("nodeagent_free_gpus", (), len(free_gpus))
         f.add("nodeagent_free_nvlink_set_gpus", (), components[0] if components else 0)
-        stranded_gpus = fragmentation.stranded_gpus(components, policy.request_sizes)
+        stranded_gpus = capacity.stranded_gpus(components, policy.request_sizes)
         f.add("nodeagent_stranded_gpus", (), stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
@@ -358,11 +357,11 @@ class Renderer:
         occupied = sum(gi.placement.size for gi in gpu.mig_instances)
         f.add("nodeagent_mig_slices", ids, geometry.memory_slices)
         f.add("nodeagent_mig_free_slices", ids, geometry.memory_slices - occupied)
-        for profile, count in planner.creatable(geometry, gpu.mig_instances).items():
+        for profile, count in capacity.creatable(geometry, gpu.mig_instances).items():
             f.add("nodeagent_mig_creatable_instances", (*ids, profile), count)
-        ratio = planner.fragmentation_ratio(geometry, gpu.mig_instances)
+        ratio = capacity.fragmentation_ratio(geometry, gpu.mig_instances)
         f.add("nodeagent_mig_fragmentation_ratio", ids, ratio)
-        stranded = fragmentation.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
+        stranded = capacity.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
         f.add("nodeagent_stranded_mig_slices", ids, stranded)
         return ratio, stranded
 

@@ -37,19 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
+from nodeagent.capacity import creatable, fragmentation_ratio
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import GpuInstance, MigGeometry
 from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
-from nodeagent_mig.planner import (
-    GpuPlan,
-    Instance,
-    NewInstance,
-    PlanError,
-    creatable,
-    fragmentation_ratio,
-    plan_gpu,
-)
+from nodeagent_mig.planner import GpuPlan, Instance, NewInstance, PlanError, plan_gpu
 
 INTENT_FILE = "mig-intent.json"
 # Test hook: SIGKILL this process right before the Nth mutating NVML step (1-based). Crash

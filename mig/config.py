@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
+from nodeagent.capacity import rank_order
 from nodeagent.gpu.protocols import GpuInventory
 from nodeagent.gpu.types import MigGeometry
-from nodeagent_mig.planner import check_layout, rank_order
+from nodeagent_mig.planner import check_layout
 
 VERSION = "v1"
 DEFAULT_CONFIG_FILE = Path(__file__).with_name("default-config.yaml")

@@ -16,7 +16,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nodeagent.gpu.types import LinkKind, NodeSnapshot
+from nodeagent.capacity import nvlink_components
+from nodeagent.gpu.types import NodeSnapshot
 
 # GPU feature discovery names (kept as GFD spells them).
 GPU_PRODUCT = "nvidia.com/gpu.product"  # product name, spaces as dashes
@@ -123,24 +124,7 @@ class NodeFacts:
 def largest_nvlink_set(snapshot: NodeSnapshot) -> int:
     """Size of the largest set of GPUs connected to each other through NVLink (paths allowed)."""
     indices = [gpu.info.index for gpu in snapshot.gpus]
-    if not indices:
-        return 0
-    parent = {i: i for i in indices}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for (a, b), link in snapshot.topology.items():
-        if link.kind is LinkKind.NVLINK and a in parent and b in parent:
-            parent[find(a)] = find(b)
-    sizes: dict[int, int] = {}
-    for i in indices:
-        root = find(i)
-        sizes[root] = sizes.get(root, 0) + 1
-    return max(sizes.values())
+    return max(nvlink_components(indices, snapshot.topology), default=0)
 
 
 def capability_labels(snapshot: NodeSnapshot, facts: NodeFacts) -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from nodeagent.agent.backend import simulated_preset
+from nodeagent.capacity import creatable, fragmentation_ratio, rank_order
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
@@ -47,7 +48,6 @@ from nodeagent_mig.config import (
     parse_config,
     render_config,
 )
-from nodeagent_mig.planner import creatable, fragmentation_ratio, rank_order
 
 app = typer.Typer(
     help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",
