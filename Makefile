@@ -39,6 +39,7 @@ lint: $(BIN)/nodeagent $(TYPECHECK)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(TYPECHECK) .mypy_cache .ruff_cache .pytest_cache
