@@ -21,8 +21,8 @@ from device_plugin_common import table
 
 from nodeagent.agent.backend import open_node
 from nodeagent.sim.presets import preset_names
+from nodeagent.testing.optimum import Reference
 from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus
-from tests.device_plugin.optimum import Reference
 
 
 def first_n(available: list[int], must: list[int], size: int) -> list[int]:

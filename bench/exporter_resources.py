@@ -36,17 +36,13 @@ import psutil
 from exporter_node import PODS, REPLICAS, mig_node, start_kubelet
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
-
-from nodeagent.agent.backend import open_node  # noqa: E402
-from nodeagent.agent.sampler import Sampler  # noqa: E402
-from nodeagent.config.metrics import MetricsSection  # noqa: E402
-from nodeagent.config.schema import AgentConfig, SamplerSection  # noqa: E402
-from nodeagent.runtime.snapshots import SnapshotStore  # noqa: E402
-from nodeagent_exporters.component import MetricsExporter, build  # noqa: E402
-from tests.device_plugin.kubelet import TestKubelet  # noqa: E402
+from nodeagent.agent.backend import open_node
+from nodeagent.agent.sampler import Sampler
+from nodeagent.config.metrics import MetricsSection
+from nodeagent.config.schema import AgentConfig, SamplerSection
+from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent_exporters.component import MetricsExporter, build
 
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 WARM_UP_S = 5.0

@@ -28,8 +28,8 @@ from nodeagent.health.model import HealthModel
 from nodeagent.runtime.snapshots import SnapshotStore
 
 if TYPE_CHECKING:  # imported where used, so the storm benchmark's RSS carries no gRPC
+    from nodeagent.testing.kubelet import TestKubelet
     from nodeagent_device_plugin.component import DevicePluginComponent
-    from tests.device_plugin.kubelet import TestKubelet
     from tests.support.kubeapi import KubeAPIServer
 
 REPO = Path(__file__).parents[1]
@@ -96,7 +96,7 @@ def start_agent(
     kubelet = None
     plugin = DevicePluginSection(enabled=False)
     if device_plugin:
-        from tests.device_plugin.kubelet import TestKubelet
+        from nodeagent.testing.kubelet import TestKubelet
 
         kubelet = TestKubelet(tmp / "kubelet")
         kubelet.start()

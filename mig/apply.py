@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -45,10 +44,9 @@ from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts,
 from nodeagent_mig.planner import GpuPlan, Instance, NewInstance, PlanError, plan_gpu
 
 INTENT_FILE = "mig-intent.json"
-# Test hook: SIGKILL this process right before the Nth mutating NVML step (1-based). Crash
-# tests set it in a child process; it is read once per apply and does nothing when unset.
-ENV_KILL_AT_STEP = "NODEAGENT_MIG_KILL_AT_STEP"
 
+# Called right before each mutating NVML step with its number (1-based) and what it does: for
+# progress reporting, and for the crash tests, which end the process at a chosen step.
 StepHook = Callable[[int, str], None]
 
 
@@ -257,20 +255,16 @@ def _run_hooks(hooks: HooksFile | None, name: str, env: Mapping[str, str]) -> st
 
 
 class _Steps:
-    """Counts mutating calls and fires the crash-test hook before each."""
+    """Counts mutating calls and calls the step hook before each."""
 
     def __init__(self, on_step: StepHook | None) -> None:
         self.count = 0
         self.on_step = on_step
-        raw = os.environ.get(ENV_KILL_AT_STEP, "")
-        self.kill_at = int(raw) if raw.isdigit() else None
 
     def __call__(self, what: str) -> None:
         self.count += 1
         if self.on_step is not None:
             self.on_step(self.count, what)
-        if self.kill_at == self.count:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _destroy(node: MigDevices, index: int, gi: GpuInstance, step: _Steps) -> None:

@@ -105,7 +105,7 @@ class Controller:
     def reconcile_once(self) -> Plan:
         """Plan from the cache and execute the plan."""
         started = time.perf_counter()
-        now = self.clock.now()
+        now = self.clock()
         if self.elector is not None:
             self.breaker = self.elector.breaker
         nodes = [NodeView.from_object(o) for o in self.cache.snapshot()]
@@ -387,7 +387,7 @@ class Controller:
 
     def next_wakeup_s(self) -> float:
         """Seconds until the earliest scheduled step (drain step, recovery, cool-down), capped."""
-        now = self.clock.now()
+        now = self.clock()
         soon = self.policy.resync_s
         for when in self._next_step.values():
             soon = min(soon, max(0.0, when - now))
@@ -409,7 +409,7 @@ class Controller:
         informer.start()
         next_election = 0.0
         while not stop.is_set():
-            now = self.clock.now()
+            now = self.clock()
             if self.elector is not None and not self.dry_run and now >= next_election:
                 self.elector.try_acquire_or_renew()
                 next_election = now + self.elector.timing.retry_period_s
@@ -422,7 +422,7 @@ class Controller:
                     on_pass(result)
             timeout = self.next_wakeup_s()
             if self.elector is not None and not self.dry_run:
-                timeout = min(timeout, max(0.0, next_election - self.clock.now()))
+                timeout = min(timeout, max(0.0, next_election - self.clock()))
             self.clock.wait(self.cache.changed, timeout)
         if self.elector is not None and not self.dry_run:
             self.elector.release()

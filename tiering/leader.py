@@ -102,7 +102,7 @@ class LeaderElector:
         """Whether this candidate may act now."""
         if self._renewed_at is None:
             return False
-        return self._clock.now() < self._renewed_at + self.timing.renew_deadline_s
+        return self._clock() < self._renewed_at + self.timing.renew_deadline_s
 
     def set_breaker(self, state: BreakerState) -> None:
         """Store a new breaker state with the next renewal."""
@@ -111,7 +111,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round; returns whether this candidate holds the lease afterwards."""
-        now = self._clock.now()
+        now = self._clock()
         try:
             lease = self._kube.get_lease(self.namespace, self.name)
             if lease is None:

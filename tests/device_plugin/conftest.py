@@ -16,9 +16,10 @@ import pytest
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.testing.health import ScriptedHealth
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.nodes import enable_mig
 from nodeagent_device_plugin.manager import PluginManager
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import ScriptedHealth, enable_mig
 
 HERE = Path(__file__).parent
 

@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.nodes import enable_mig
 from nodeagent_device_plugin.component import build
 from nodeagent_device_plugin.resources import ResourceError
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import enable_mig
 
 
 def test_disabled_in_config_builds_nothing() -> None:

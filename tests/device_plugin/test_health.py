@@ -12,8 +12,8 @@ from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.clock import FakeClock
 from nodeagent_device_plugin.health import HealthTracker
-from tests.support.clock import FakeClock
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
 

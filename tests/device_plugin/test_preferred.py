@@ -9,8 +9,8 @@ import pytest
 
 from nodeagent.gpu.types import Link, LinkKind
 from nodeagent.sim.presets import preset_names
+from nodeagent.testing.optimum import Reference
 from nodeagent_device_plugin.preferred import ScoreTable, pair_score, preferred_gpus
-from tests.device_plugin.optimum import Reference
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.agent.backend import open_node
@@ -32,7 +31,6 @@ from nodeagent.gpu.types import (
     RemappedRows,
     Telemetry,
 )
-from nodeagent.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
 GIB = 1 << 30
 
@@ -162,33 +160,3 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     hits = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
     assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
     return hits[0] if hits else None
-
-
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
-    """Answers List and GetAllocatableResources from plain data and counts the calls."""
-
-    def __init__(self) -> None:
-        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # pod, ns, ctr, res, ids
-        self.allocatable: dict[str, list[str]] = {}
-        self.list_calls = 0
-        self.fail = False
-        self.allocatable_unimplemented = False
-
-    def List(self, request, context):
-        self.list_calls += 1
-        if self.fail:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet restarting")
-        out = api_pb2.ListPodResourcesResponse()
-        for pod, ns, ctr, res, ids in self.pods:
-            pr = out.pod_resources.add(name=pod, namespace=ns)
-            cr = pr.containers.add(name=ctr)
-            cr.devices.add(resource_name=res, device_ids=ids)
-        return out
-
-    def GetAllocatableResources(self, request, context):
-        if self.allocatable_unimplemented:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "old kubelet")
-        out = api_pb2.AllocatableResourcesResponse()
-        for res, ids in self.allocatable.items():
-            out.devices.add(resource_name=res, device_ids=ids)
-        return out

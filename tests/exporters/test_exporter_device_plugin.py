@@ -20,15 +20,15 @@ from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.health import HealthState
 from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.health import ScriptedHealth
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.waiting import wait_until
 from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.component import MetricsExporter
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import ScriptedHealth
 from tests.exporters.exporter_factories import Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
-from tests.support.waiting import wait_until
 
 GPU = "nvidia.com/gpu"
 

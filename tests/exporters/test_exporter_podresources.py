@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
+from nodeagent.testing.podresources import FakeKubelet
 from nodeagent_exporters.podresources import MIN_INTERVAL_S, PodResourcesPoller, strip_replica
-from tests.exporters.exporter_factories import FakeKubelet
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.waiting import wait_until
 from nodeagent_exporters.component import MetricsExporter, build
 from nodeagent_exporters.render import Rendered
 from nodeagent_exporters.server import MetricsServer, TlsFiles, parse_address
 from tests.exporters.exporter_factories import parse_samples, value
-from tests.support.waiting import wait_until
 
 BODY = b"# HELP x y\n# TYPE x gauge\nx 1.0\n"
 

@@ -26,6 +26,9 @@ from nodeagent.health import component as health_component
 from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.podresources import FakeKubelet
+from nodeagent.testing.waiting import wait_until
 from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.catalog import CATALOG
@@ -33,10 +36,8 @@ from nodeagent_exporters.component import MetricsExporter
 from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import parse_config
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.exporters.exporter_factories import FakeKubelet, Samples, parse_samples, value
+from tests.exporters.exporter_factories import Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
-from tests.support.waiting import wait_until
 
 # Families that cannot appear on this hardware, and why. Anything else missing is a failure.
 ABSENT_ON_H100 = {

@@ -32,9 +32,9 @@ from nodeagent.health import component as health_component
 from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.nodes import split_into
+from nodeagent.testing.podresources import FakeKubelet
 from nodeagent_exporters.component import MetricsExporter, build
-from tests.exporters.exporter_factories import FakeKubelet
-from tests.support.sim_nodes import split_into
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

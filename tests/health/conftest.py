@@ -15,7 +15,7 @@ from nodeagent.gpu.node import EventWatcher, GpuNode
 from nodeagent.health.model import HealthModel
 from nodeagent.runtime.health import HealthTransition
 from nodeagent.sim.control import SimControl
-from tests.support.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
 
 
 @dataclasses.dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from nodeagent.cli.mig import app
 from nodeagent.gpu.errors import InsufficientResources
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
-from nodeagent_mig.apply import ENV_KILL_AT_STEP, INTENT_FILE, dry_run, reconcile
+from nodeagent_mig.apply import INTENT_FILE, dry_run, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
 
 STANDARD = [
@@ -266,15 +265,22 @@ def test_invalid_files_exit_2_and_change_nothing(tmp_path: Path, text: str, mess
     assert runner.invoke(app, ["show", "--json", *base]).stdout == before
 
 
+# The apply runs in a child process that SIGKILLs itself, through the step hook, right before
+# step ``kill_at``: the crash a power cut or an OOM kill would cause at that point.
 KILL_SCRIPT = """
-import sys
+import os, signal, sys
 from pathlib import Path
 from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import load_config
 from nodeagent.agent.backend import open_node
-sim, state, path, name = sys.argv[1:]
+sim, state, path, name, kill_at = sys.argv[1:]
+
+def on_step(number, what):
+    if number == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
 node = open_node(simulate="dgx-a100", state_dir=Path(sim))
-reconcile(node, load_config(path), name, state_dir=Path(state), allow_reset=True)
+reconcile(node, load_config(path), name, state_dir=Path(state), allow_reset=True, on_step=on_step)
 """
 
 CRASH_LAYOUTS = """
@@ -320,8 +326,16 @@ def test_kill_at_every_step_then_converges(tmp_path: Path) -> None:
         sim = copy_state(seed, tmp_path / f"k{k}")
         state = tmp_path / f"state{k}"
         proc = subprocess.run(
-            [sys.executable, "-c", KILL_SCRIPT, str(sim), str(state), str(cfg_path), "target"],
-            env={**os.environ, ENV_KILL_AT_STEP: str(k)},
+            [
+                sys.executable,
+                "-c",
+                KILL_SCRIPT,
+                str(sim),
+                str(state),
+                str(cfg_path),
+                "target",
+                str(k),
+            ],
             capture_output=True,
             text=True,
             check=False,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache, api_client
 from nodeagent_tiering.leader import LeaderElector, LeaseTiming

@@ -99,7 +99,7 @@ def test_breaker_trips_is_persisted_on_the_lease_and_needs_a_reset(api, make_con
     assert not any(n["spec"].get("unschedulable") for n in api.list("nodes"))
 
     # The operator resets it (what `nodeagent tiering reset-breaker` writes).
-    reset_breaker_on_lease(other.kube, "nodeagent", "nodeagent-tiering", now_s=clock.now())
+    reset_breaker_on_lease(other.kube, "nodeagent", "nodeagent-tiering", now_s=clock())
     clock.advance(1)
     other.elector.try_acquire_or_renew()
     other.elector.try_acquire_or_renew()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache, api_client
 from nodeagent_tiering.nodes import DrainRecord, NodeView, Phase
@@ -246,7 +246,7 @@ def test_storm_through_the_api_stays_within_budget(shared_api, storm):
         )
         cache.relist()
         result = ctl.reconcile_once()
-        starts += [clock.now()] * len(result.of(StartDrain))
+        starts += [clock()] * len(result.of(StartDrain))
         views = [NodeView.from_object(n) for n in api.list("nodes")]
         draining = [v for v in views if v.drain and v.drain.phase is Phase.DRAINING]
         assert len(draining) <= 2, "cluster budget exceeded"

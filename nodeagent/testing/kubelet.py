@@ -86,7 +86,7 @@ class TestKubelet(api_pb2_grpc.RegistrationServicer):
         self.start()
 
     # --- Registration service -----------------------------------------------------------------
-    def Register(
+    def Register(  # noqa: N802 - gRPC method names are the API's
         self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> api_pb2.Empty:
         problem = self.reject(request)
