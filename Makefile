@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= .demo
 PRESET ?= dgx-h100
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint rules bench clean
 
 # The environment is rebuilt whenever pyproject.toml changes.
 $(BIN)/nodeagent: pyproject.toml
@@ -40,6 +40,11 @@ lint: $(BIN)/nodeagent $(TYPECHECK)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The PrometheusRule manifest is generated from the Prometheus rule files; a test fails when the
+# shipped copy is stale.
+rules: $(BIN)/nodeagent
+	$(BIN)/python -m nodeagent_exporters.rules --write
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) $(TYPECHECK) .mypy_cache .ruff_cache .pytest_cache

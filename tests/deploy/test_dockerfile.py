@@ -104,10 +104,10 @@ def test_runtime_user_labels_healthcheck_and_entrypoint() -> None:
 
 @pytest.mark.parametrize("overlay", ["plugin-exporter", "exporter-only"])
 def test_daemonset_uses_this_image_version(overlay: str) -> None:
-    from tests.deploy import render
+    from tests.deploy.tools import KUSTOMIZE_DIR, kustomize
 
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    objects = render.render(render.KUSTOMIZE_DIR / "overlays" / overlay)
+    objects = kustomize(KUSTOMIZE_DIR / "overlays" / overlay)
     (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
     (c,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert c["image"] == f"nodeagent:{version}"
