@@ -47,14 +47,14 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from mig_common import geometries
 
 from nodeagent.capacity import capacity_key, fragmentation_ratio, memory_slices_of
-from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
 from nodeagent.sim.ops import default_start
-from nodeagent_mig.planner import Instance, NewInstance, check_layout, place_on_node, plan_gpu
+from nodeagent_mig.planner import Instance, check_layout, place_on_node, plan_gpu
 
 GPUS = 8
 HOLD = 10.0  # mean holding time of an instance
 MAX_ORDERINGS = 200  # orderings a wipe-and-recreate tries before giving up (mig-parted: all)
-Gpu = list[NewInstance]
+Gpu = list[MigSlot]
 Rule = Callable[[MigGeometry, list[Gpu], str], tuple[int, Placement] | None]
 
 
@@ -118,7 +118,7 @@ def _wipe_and_recreate(geometry: MigGeometry, profiles: Sequence[str], rule: Rul
             spot = rule(geometry, [gpu], profile)
             if spot is None:
                 break
-            gpu.append(NewInstance(profile, spot[1]))
+            gpu.append(MigSlot(profile, spot[1]))
         else:
             return gpu
         if len(tried) >= MAX_ORDERINGS:
@@ -200,7 +200,7 @@ class Outcome:
 
 def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
     node: list[Gpu] = [[] for _ in range(GPUS)]
-    where: dict[int, tuple[int, NewInstance]] = {}
+    where: dict[int, tuple[int, MigSlot]] = {}
     in_place = reconfigured = rejected = disturbed = 0
     frag: list[float] = []
     for e in events:
@@ -211,7 +211,7 @@ def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
             continue
         spot = RULES[policy](geometry, node, e.profile)
         if spot is not None:
-            inst = NewInstance(e.profile, spot[1])
+            inst = MigSlot(e.profile, spot[1])
             node[spot[0]].append(inst)
             where[e.job] = (spot[0], inst)
             in_place += 1

@@ -39,9 +39,9 @@ from nodeagent.atomicfile import write_json_atomic
 from nodeagent.capacity import creatable, fragmentation_ratio
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
-from nodeagent.gpu.types import GpuInstance, MigGeometry
+from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot
 from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
-from nodeagent_mig.planner import GpuPlan, Instance, NewInstance, PlanError, plan_gpu
+from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 
 INTENT_FILE = "mig-intent.json"
 
@@ -58,20 +58,28 @@ class GpuReport:
     model: str
     mig_enabled: bool  # the mode in effect at the end
     target_enabled: bool
-    kept: list[str] = field(default_factory=list)
-    destroyed: list[str] = field(default_factory=list)
-    created: list[str] = field(default_factory=list)
+    kept: list[MigSlot] = field(default_factory=list)
+    destroyed: list[MigSlot] = field(default_factory=list)
+    half_made: list[MigSlot] = field(default_factory=list)  # destroyed: no compute instance
+    created: list[MigSlot] = field(default_factory=list)
     mode_change: str | None = None  # "enable" / "disable" when requested
     reset_required: str | None = None  # why the mode change still waits for a reset
     errors: list[str] = field(default_factory=list)
-    holds: list[str] = field(default_factory=list)  # the instances on the GPU at the end
+    holds: list[MigSlot] = field(default_factory=list)  # the instances on the GPU at the end
     creatable: dict[str, int] = field(default_factory=dict)
     fragmentation: float = 0.0
 
     @property
     def changed(self) -> bool:
         """Whether anything was (or would be) changed on this GPU."""
-        return bool(self.destroyed or self.created or self.mode_change)
+        return bool(self.destroyed or self.half_made or self.created or self.mode_change)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form: instances as ``{"profile", "start", "size"}``."""
+        out = asdict(self)
+        for key in ("kept", "destroyed", "half_made", "created", "holds"):
+            out[key] = [slot.to_json() for slot in getattr(self, key)]
+        return out
 
 
 @dataclass
@@ -93,6 +101,7 @@ class ApplyReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
         out = asdict(self)
+        out["gpus"] = [g.to_dict() for g in self.gpus]
         out["ok"] = self.ok
         return out
 
@@ -201,11 +210,8 @@ def read_intent(state_dir: Path) -> dict[str, Any] | None:
 
 
 def _intent(prepared: Prepared, cfg: MigConfigFile) -> dict[str, Any]:
-    def layout(items: Sequence[Instance | NewInstance]) -> list[dict[str, Any]]:
-        return [
-            {"profile": i.profile, "start": i.placement.start, "size": i.placement.size}
-            for i in items
-        ]
+    def layout(items: Sequence[MigSlot]) -> list[dict[str, Any]]:
+        return [i.to_json() for i in items]
 
     return {
         "version": "v1",
@@ -217,7 +223,7 @@ def _intent(prepared: Prepared, cfg: MigConfigFile) -> dict[str, Any]:
             {
                 "index": w.index,
                 "mig_enabled": w.target.mig_enabled,
-                "before": layout(w.before),
+                "before": layout([i.slot for i in w.before]),
                 "after": layout(w.plan.layout_after()) if w.plan else [],
             }
             for w in prepared.work
@@ -276,11 +282,7 @@ def _destroy(node: MigDevices, index: int, gi: GpuInstance, step: _Steps) -> Non
     node.destroy_gpu_instance(index, gi.instance_id)
 
 
-def _label(gi: GpuInstance | Instance | NewInstance) -> str:
-    return f"{gi.profile}@{gi.placement.start}:{gi.placement.size}"
-
-
-def _find(node: MigDevices, index: int, item: Instance | NewInstance) -> GpuInstance | None:
+def _find(node: MigDevices, index: int, item: MigSlot) -> GpuInstance | None:
     for gi in node.mig_instances(index):
         if gi.profile == item.profile and gi.placement == item.placement:
             return gi
@@ -296,7 +298,7 @@ def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
     except GpuError as exc:
         r.errors.append(f"cannot read the GPU back: {exc}")
         return
-    r.holds = [_label(g) for g in now]
+    r.holds = [g.slot for g in now]
     if info.mig_enabled:
         r.creatable = creatable(w.geometry, now)
         r.fragmentation = fragmentation_ratio(w.geometry, now)
@@ -306,7 +308,7 @@ def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
         if info.mig_enabled != w.target.mig_enabled or want != have:
             r.errors.append(
                 "verification failed: GPU holds "
-                + (", ".join(r.holds) or "nothing")
+                + (", ".join(s.label for s in r.holds) or "nothing")
                 + f" with MIG {'on' if info.mig_enabled else 'off'}"
             )
 
@@ -314,7 +316,7 @@ def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
 def _rollback(
     node: MigDevices,
     index: int,
-    created: list[NewInstance],
+    created: list[MigSlot],
     destroyed: list[Instance],
     step: _Steps,
 ) -> str:
@@ -346,10 +348,10 @@ def _apply_mode(
     if not w.target.mig_enabled:
         for gi in node.mig_instances(index) if w.current else ():
             if gi.busy and not force:
-                r.errors.append(f"{_label(gi)} is busy; not destroyed (use force)")
+                r.errors.append(f"{gi.slot.label} is busy; not destroyed (use force)")
                 return False
             _destroy(node, index, gi, step)
-            r.destroyed.append(_label(gi))
+            r.destroyed.append(gi.slot)
     r.mode_change = "enable" if w.target.mig_enabled else "disable"
     info = node.info(index)
     reason = None
@@ -381,9 +383,15 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
     index = w.index
     now = node.mig_instances(index)
     whole, half = _split(now)
-    plan = plan_gpu(w.geometry, whole, w.target.devices, force=force)
-    r.kept = [i.label for i in plan.keep]
-    created: list[NewInstance] = []
+    # The plan prepared before anything changed still holds when the GPU has what it had then
+    # (or nothing, after the mode change this apply made). Only a GPU that changed under the
+    # apply (another tool, between the preview and the go-ahead) is planned again.
+    expected = w.before if not w.mode_change else ()
+    plan = w.plan
+    if plan is None or set(whole) != set(expected):
+        plan = plan_gpu(w.geometry, whole, w.target.devices, force=force)
+    r.kept = [i.slot for i in plan.keep]
+    created: list[MigSlot] = []
     destroyed: list[Instance] = []
     by_id = {g.instance_id: g for g in now}
     try:
@@ -391,17 +399,17 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
             gi = by_id[item.instance_id] if item.instance_id is not None else None
             if gi is not None:
                 _destroy(node, index, gi, step)
-                r.destroyed.append(f"{item.label} (half-made)")
+                r.half_made.append(item.slot)
         for item in plan.destroy:
             assert item.instance_id is not None
             _destroy(node, index, by_id[item.instance_id], step)
             destroyed.append(item)
-            r.destroyed.append(item.label)
+            r.destroyed.append(item.slot)
         for new in plan.create:
             step(f"GPU {index}: create {new.label}")
             node.create_gpu_instance(index, new.profile, new.placement)
             created.append(new)
-            r.created.append(new.label)
+            r.created.append(new)
     except GpuError as exc:
         undo = _rollback(node, index, created, [d for d in destroyed if not d.busy], step)
         r.errors.append(f"{exc} (rolled back: {undo})")
@@ -445,7 +453,7 @@ def execute(
     ]
     if not todo:
         for w, r in zip(prepared.work, report.gpus, strict=True):
-            r.kept = [i.label for i in w.before]
+            r.kept = [i.slot for i in w.before]
             _finish_report(node, w, r)
         (state_dir / INTENT_FILE).unlink(missing_ok=True)  # an earlier crash left it converged
         return report
@@ -493,7 +501,7 @@ def execute(
     for w in prepared.work:
         r = reports[w.index]
         if not r.changed and not r.kept and w.plan is not None:
-            r.kept = [i.label for i in w.plan.keep]
+            r.kept = [i.slot for i in w.plan.keep]
         _finish_report(node, w, r)
     (state_dir / INTENT_FILE).unlink(missing_ok=True)
     return report
@@ -531,9 +539,8 @@ def reconcile(
     )
 
 
-def dry_run(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> ApplyReport:
-    """What :func:`reconcile` would do, without changing anything."""
-    prepared = prepare(node, cfg, name, force=force)
+def dry_run(prepared: Prepared) -> ApplyReport:
+    """What :func:`execute` would do with ``prepared``, without changing anything."""
     report = ApplyReport(prepared.config, [], dry_run=True)
     for w in prepared.work:
         r = GpuReport(w.index, w.model, w.current, w.target.mig_enabled)
@@ -542,15 +549,36 @@ def dry_run(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = Fa
         if w.mode_change:
             r.mode_change = "enable" if w.target.mig_enabled else "disable"
             if not w.target.mig_enabled:
-                r.destroyed = [i.label for i in w.before]
-        r.destroyed += [f"{i.label} (half-made)" for i in w.halfmade]
+                r.destroyed = [i.slot for i in w.before]
+        r.half_made = [i.slot for i in w.halfmade]
         if w.plan is not None:
             if not w.mode_change:
-                r.kept = [i.label for i in w.plan.keep]
-                r.destroyed += [i.label for i in w.plan.destroy]
-            r.created = [c.label for c in w.plan.create]
-            r.holds = [c.label for c in w.plan.layout_after()]
+                r.kept = [i.slot for i in w.plan.keep]
+                r.destroyed += [i.slot for i in w.plan.destroy]
+            r.created = list(w.plan.create)
+            r.holds = list(w.plan.layout_after())
             r.creatable = dict(w.plan.creatable_after)
             r.fragmentation = w.plan.fragmentation_after
         report.gpus.append(r)
     return report
+
+
+def differences(prepared: Prepared) -> list[str]:
+    """How the node differs from the prepared layout (``mig assert``); empty when it holds it."""
+    diffs: list[str] = []
+    for w in prepared.work:
+        if w.current != w.target.mig_enabled:
+            diffs.append(
+                f"GPU {w.index}: MIG is {'on' if w.current else 'off'}, layout wants "
+                f"{'on' if w.target.mig_enabled else 'off'}"
+            )
+            continue
+        if w.pending != w.target.mig_enabled:
+            diffs.append(f"GPU {w.index}: a MIG mode change is pending (reset required)")
+        diffs += [f"GPU {w.index}: half-made instance {i.label}" for i in w.halfmade]
+        if w.plan is not None:
+            diffs += [f"GPU {w.index}: has {i.label}, not in the layout" for i in w.plan.destroy]
+            diffs += [f"GPU {w.index}: lacks {c.profile}" for c in w.plan.create]
+        elif w.error is not None:
+            diffs.append(f"GPU {w.index}: {w.error}")
+    return diffs

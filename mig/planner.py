@@ -37,7 +37,7 @@ from nodeagent.capacity import (
     slice_mask,
     slice_model,
 )
-from nodeagent.gpu.types import GpuInstance, MigGeometry, Placement
+from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot, Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +56,14 @@ class Instance:
         return cls(gi.profile, gi.placement, gi.busy, gi.instance_id, gi.uuid)
 
     @property
-    def label(self) -> str:
-        """``3g.40gb@4:4``: profile, start slice and size."""
-        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
-
-
-@dataclass(frozen=True, slots=True)
-class NewInstance:
-    """An instance the plan creates, at an explicit placement."""
-
-    profile: str
-    placement: Placement
+    def slot(self) -> MigSlot:
+        """Its profile and placement."""
+        return MigSlot(self.profile, self.placement)
 
     @property
     def label(self) -> str:
         """``3g.40gb@4:4``: profile, start slice and size."""
-        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
+        return self.slot.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +72,7 @@ class GpuPlan:
 
     keep: tuple[Instance, ...]
     destroy: tuple[Instance, ...]
-    create: tuple[NewInstance, ...]
+    create: tuple[MigSlot, ...]  # new instances, at explicit placements
     creatable_after: Mapping[str, int] = field(default_factory=dict)
     fragmentation_after: float = 0.0
 
@@ -89,9 +81,9 @@ class GpuPlan:
         """The GPU already holds the target: nothing to destroy or create."""
         return not self.destroy and not self.create
 
-    def layout_after(self) -> tuple[NewInstance, ...]:
+    def layout_after(self) -> tuple[MigSlot, ...]:
         """Every instance on the GPU once the plan is applied, by start slice."""
-        after = [NewInstance(i.profile, i.placement) for i in self.keep] + list(self.create)
+        after = [i.slot for i in self.keep] + list(self.create)
         return tuple(sorted(after, key=lambda i: (i.placement.start, i.placement.size)))
 
 
@@ -287,7 +279,7 @@ def plan_gpu(
             + "; every valid layout destroys them",
             blocking,
         )
-    create = tuple(NewInstance(m.names[p], m.placements[p][j]) for p, j in created)
+    create = tuple(MigSlot(m.names[p], m.placements[p][j]) for p, j in created)
     after_occ = 0
     for placed in [*(cur[i].placement for i in keep), *(c.placement for c in create)]:
         after_occ |= slice_mask(placed)

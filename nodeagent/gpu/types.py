@@ -56,6 +56,31 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class MigSlot:
+    """A MIG profile at a placement: what a layout, a plan and a report are made of.
+
+    The one label format (``3g.40gb@4:4``: profile, start slice, size) is for people; JSON
+    carries the fields (:meth:`to_json`).
+    """
+
+    profile: str  # e.g. "3g.40gb"
+    placement: Placement
+
+    @property
+    def label(self) -> str:
+        """``3g.40gb@4:4``: profile, start slice and size."""
+        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
+
+    def to_json(self) -> dict[str, str | int]:
+        """``{"profile": "3g.40gb", "start": 4, "size": 4}``."""
+        return {
+            "profile": self.profile,
+            "start": self.placement.start,
+            "size": self.placement.size,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class MigProfile:
     """A GPU-instance profile as the device reports it.
 
@@ -128,6 +153,11 @@ class GpuInstance:
     def uuid(self) -> str | None:
         """UUID of the instance's first MIG device, or ``None`` when it has no compute instance."""
         return self.compute_instances[0].uuid if self.compute_instances else None
+
+    @property
+    def slot(self) -> MigSlot:
+        """Its profile and placement."""
+        return MigSlot(self.profile, self.placement)
 
 
 @dataclass(frozen=True, slots=True)

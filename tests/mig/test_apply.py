@@ -19,7 +19,7 @@ from nodeagent.cli.mig import app
 from nodeagent.gpu.errors import InsufficientResources
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
-from nodeagent_mig.apply import INTENT_FILE, dry_run, reconcile
+from nodeagent_mig.apply import INTENT_FILE, dry_run, prepare, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
 
 STANDARD = [
@@ -141,7 +141,12 @@ def test_rollback_restores_previous_layout(tmp_path: Path) -> None:
     assert not report.ok
     assert "rolled back" in report.gpus[0].errors[0]
     assert layout(node, 0) == before
-    assert report.gpus[0].holds == [f"{p}@{s}:{z}" for p, s, z in before]
+    assert [
+        (s.profile, s.placement.start, s.placement.size) for s in report.gpus[0].holds
+    ] == before
+    assert report.to_dict()["gpus"][0]["holds"] == [
+        {"profile": p, "start": s, "size": z} for p, s, z in before
+    ]
 
 
 def test_hooks_run_and_apply_exit_always_runs(tmp_path: Path) -> None:
@@ -175,9 +180,9 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     node = open_node(simulate="dgx-a100", state_dir=tmp_path / "sim")
     cfg = load_config(DEFAULT_CONFIG_FILE)
     calls = counting(node)
-    report = dry_run(node, cfg, "all-balanced")
+    report = dry_run(prepare(node, cfg, "all-balanced"))
     assert calls == []
-    assert Counter(c.split("@")[0] for c in report.gpus[0].created) == {
+    assert Counter(c.profile for c in report.gpus[0].created) == {
         "1g.5gb": 2,
         "2g.10gb": 1,
         "3g.20gb": 1,
