@@ -22,8 +22,8 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli import install as install_cli
-from nodeagent.cli.install import UNIT_FILES, Layout, find_source_dir, install
 from nodeagent.config.schema import load_agent_config
+from nodeagent.installer import UNIT_FILES, Layout, find_source_dir, install
 from nodeagent.testing.kubelet import TestKubelet
 from tests.deploy.notify import NotifyListener, free_port
 from tests.deploy.tools import require_tool
