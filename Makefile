@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= .demo
 PRESET ?= dgx-h100
 
-.PHONY: demo test lint bench clean kube-bins cluster
+.PHONY: demo test lint rules bench clean kube-bins cluster
 
 # The environment is rebuilt whenever pyproject.toml changes.
 $(BIN)/nodeagent: pyproject.toml
@@ -36,10 +36,25 @@ cluster: $(BIN)/nodeagent kube-bins
 test: $(BIN)/nodeagent kube-bins
 	$(BIN)/python -m pytest -q
 
-lint: $(BIN)/nodeagent
+# mypy resolves a module by its folder name, so the feature folders get links under their
+# import names (nodeagent_mig -> mig, ...); pyproject.toml points mypy_path there.
+TYPECHECK := .typecheck
+FEATURES := mig exporters device_plugin tiering
+
+$(TYPECHECK):
+	mkdir -p $(TYPECHECK)
+	for f in $(FEATURES); do ln -sfn ../$$f $(TYPECHECK)/nodeagent_$$f; done
+
+lint: $(BIN)/nodeagent $(TYPECHECK)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# The PrometheusRule manifest is generated from the Prometheus rule files; a test fails when the
+# shipped copy is stale.
+rules: $(BIN)/nodeagent
+	$(BIN)/python -m nodeagent_exporters.rules --write
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) $(TYPECHECK) .mypy_cache .ruff_cache .pytest_cache

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -12,15 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
-
-from device_plugin.manager import PluginManager  # noqa: E402
-from nodeagent.config.schema import AgentConfig, load_agent_config  # noqa: E402
-from nodeagent.gpu.node import GpuNode, open_node  # noqa: E402
-from tests.device_plugin.kubelet import TestKubelet  # noqa: E402
-from tests.device_plugin.support import ScriptedHealth, enable_mig  # noqa: E402
+from nodeagent.agent.backend import open_node
+from nodeagent.config.schema import AgentConfig, load_agent_config
+from nodeagent.gpu.node import GpuNode
+from nodeagent.testing.health import ScriptedHealth
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.nodes import enable_mig
+from nodeagent_device_plugin.manager import PluginManager
 
 
 @dataclass

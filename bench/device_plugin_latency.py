@@ -13,7 +13,7 @@ import time
 
 from device_plugin_common import quantiles_ms, running, table
 
-from device_plugin.api.v1beta1 import api_pb2
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
 
 
 class _Ctx:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from device_plugin_common import table
 
-from device_plugin.allocation import ScoreTable, preferred_gpus
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.sim.presets import preset_names
-from tests.device_plugin.optimum import Reference
+from nodeagent.testing.optimum import Reference
+from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus
 
 
 def first_n(available: list[int], must: list[int], size: int) -> list[int]:

@@ -7,20 +7,17 @@ one replica, served by a test pod-resources gRPC server on a unix socket.
 
 from __future__ import annotations
 
-import sys
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository root: tests.* helpers
-
-
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.agent.backend import open_node
+from nodeagent.gpu.node import GpuNode
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.sim.control import SimControl
-from tests.exporters.exporter_factories import FakeKubelet
-from tests.support.sim_nodes import split_into
+from nodeagent.testing.nodes import split_into
+from nodeagent.testing.podresources import FakeKubelet
 
 PRESET = "dgx-h100"
 PODS = 300

@@ -36,17 +36,13 @@ import psutil
 from exporter_node import PODS, REPLICAS, mig_node, start_kubelet
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # the test kubelet lives in tests/
-
-from exporters.component import MetricsExporter, build_component  # noqa: E402
-from nodeagent.agent.component import AgentContext  # noqa: E402
-from nodeagent.agent.sampler import Sampler  # noqa: E402
-from nodeagent.config.metrics import MetricsSection  # noqa: E402
-from nodeagent.config.schema import AgentConfig, SamplerSection  # noqa: E402
-from nodeagent.gpu.node import open_node  # noqa: E402
-from tests.device_plugin.kubelet import TestKubelet  # noqa: E402
+from nodeagent.agent.backend import open_node
+from nodeagent.agent.sampler import Sampler
+from nodeagent.config.metrics import MetricsSection
+from nodeagent.config.schema import AgentConfig, SamplerSection
+from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent_exporters.component import MetricsExporter, build
 
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 WARM_UP_S = 5.0
@@ -281,11 +277,11 @@ def breakdown_child(state_dir: Path, socket_path: Path, port: int) -> None:
         sampler=SamplerSection(interval_s=1.0),
         metrics=MetricsSection(address=f"127.0.0.1:{port}", pod_resources_socket=socket_path),
     )
-    ctx = AgentContext(config=config, node=node, state_dir=state_dir / "agent")
-    exporter = build_component(ctx)
+    snapshots = SnapshotStore()
+    exporter = build(config, snapshots)
     assert isinstance(exporter, MetricsExporter)
     stop = threading.Event()
-    sampler = Sampler(node, ctx.snapshots, config.sampler)
+    sampler = Sampler(node, snapshots, config.sampler)
     threading.Thread(target=sampler.run, args=(stop,), daemon=True).start()
     exporter.run(stop)
 

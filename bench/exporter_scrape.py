@@ -27,11 +27,11 @@ from pathlib import Path
 
 from exporter_node import PODS, mig_node, start_kubelet
 
-from exporters.podresources import PodResourcesPoller
-from exporters.render import Rendered, Renderer, Sources
-from exporters.server import MetricsServer
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
+from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.server import MetricsServer
 
 
 def scrape_many(port: int, scrapers: int, per_scraper: int, gzip: bool) -> tuple[list[float], int]:
@@ -112,7 +112,6 @@ def main() -> None:
     poller.poll()
     renderer = Renderer(
         Sources(
-            geometry=node.mig_geometry,
             policy=lambda: PoolPolicy(request_sizes=("1g.10gb", "3g.40gb", "gpu")),
             allocations=lambda: poller.latest,
         )

@@ -15,19 +15,21 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from nodeagent.agent.component import AgentContext
+from nodeagent.agent.backend import open_node
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
-from nodeagent.gpu.node import GpuNode, open_node
-from nodeagent.health.component import HealthComponent, build_component
+from nodeagent.gpu.node import GpuNode
+from nodeagent.health import component as health_component
+from nodeagent.health.component import HealthComponent
 from nodeagent.health.model import HealthModel
+from nodeagent.runtime.snapshots import SnapshotStore
 
 if TYPE_CHECKING:  # imported where used, so the storm benchmark's RSS carries no gRPC
-    from device_plugin.component import DevicePluginComponent
-    from tests.device_plugin.kubelet import TestKubelet
+    from nodeagent.testing.kubelet import TestKubelet
+    from nodeagent_device_plugin.component import DevicePluginComponent
     from tests.support.kubeapi import KubeAPIServer
 
 REPO = Path(__file__).parents[1]
@@ -41,7 +43,7 @@ class Agent:
     """The running pieces."""
 
     node: GpuNode
-    ctx: AgentContext
+    snapshots: SnapshotStore
     model: HealthModel
     component: HealthComponent
     api: KubeAPIServer | None  # None when the stand-in runs in another process
@@ -94,7 +96,7 @@ def start_agent(
     kubelet = None
     plugin = DevicePluginSection(enabled=False)
     if device_plugin:
-        from tests.device_plugin.kubelet import TestKubelet
+        from nodeagent.testing.kubelet import TestKubelet
 
         kubelet = TestKubelet(tmp / "kubelet")
         kubelet.start()
@@ -107,17 +109,17 @@ def start_agent(
         kubernetes=KubernetesSection(enabled=True, api_server=api_url),
         device_plugin=plugin,
     )
-    ctx = AgentContext(cfg, node, cfg.state_dir)
-    component = build_component(ctx)  # sets ctx.health, which the device plugin follows
-    assert component is not None
-    assert isinstance(ctx.health, HealthModel)
+    snapshots = SnapshotStore()
+    model = health_component.build_model(cfg)  # the device plugin follows this model
+    assert isinstance(model, HealthModel)
+    component = health_component.build(cfg, model, node, snapshots)
     dp = None
     if device_plugin:
-        from device_plugin.component import build_component as build_device_plugin
+        from nodeagent_device_plugin.component import build as build_device_plugin
 
-        dp = build_device_plugin(ctx)
-    agent = Agent(node, ctx, ctx.health, component, api, kubelet, dp)
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=sample_interval_s))
+        dp = build_device_plugin(cfg, snapshots, model)
+    agent = Agent(node, snapshots, model, component, api, kubelet, dp)
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=sample_interval_s))
     targets = [sampler.run, component.run] + ([dp.run] if dp is not None else [])
     for target in targets:
         t = threading.Thread(target=target, args=(agent.stop,), daemon=True)

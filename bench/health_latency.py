@@ -45,8 +45,8 @@ from health_common import (
 
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.health.source import HealthState, HealthTransition
 from nodeagent.kube.node import STRATEGIC, make_api
+from nodeagent.runtime.health import HealthState, HealthTransition
 from nodeagent.sim.control import SimControl
 from tests.support.kubeapi import KubeAPIServer
 

@@ -9,16 +9,17 @@ served
 1. *in place* when some GPU has a free legal placement for it: no running instance is touched.
    The policy picks the GPU and the placement;
 2. else *by reconfiguring* one GPU that can hold its instances plus the new one. nodeagent plans
-   it with its minimal-disruption planner (``mig.planner.plan_gpu``: every instance that some
-   valid layout can keep stays, only the rest move) on the GPU where the fewest instances move.
+   it with its minimal-disruption planner (``nodeagent_mig.planner.plan_gpu``: every instance
+   that some valid layout can keep stays, only the rest move) on the GPU where the fewest
+   instances move.
    The baselines do what mig-parted does: clear the GPU and create everything again with their
    own placement rule, largest first, trying orderings until one fits; they reconfigure the GPU
    with the fewest instances, so a wipe disturbs as little as it can. Every instance moved is a
    disturbed running instance;
 3. else it is rejected: no GPU has room for it in any layout.
 
-Policies: nodeagent (``mig.planner.place_on_node``: the placement whose GPU loses the least
-future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
+Policies: nodeagent (``nodeagent_mig.planner.place_on_node``: the placement whose GPU loses the
+least future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
 the driver-default heuristic the simulator implements (``nodeagent.sim.ops.default_start``:
 size-1 profiles take slot 6 when free, else the lowest free slot; others the highest free legal
 placement), both on the lowest-numbered GPU where the profile fits.
@@ -45,23 +46,15 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from mig_common import geometries
 
-from mig.planner import (
-    Instance,
-    NewInstance,
-    capacity_key,
-    check_layout,
-    fragmentation_ratio,
-    memory_slices_of,
-    place_on_node,
-    plan_gpu,
-)
-from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent.capacity import capacity_key, fragmentation_ratio, memory_slices_of
+from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
 from nodeagent.sim.ops import default_start
+from nodeagent_mig.planner import Instance, check_layout, place_on_node, plan_gpu
 
 GPUS = 8
 HOLD = 10.0  # mean holding time of an instance
 MAX_ORDERINGS = 200  # orderings a wipe-and-recreate tries before giving up (mig-parted: all)
-Gpu = list[NewInstance]
+Gpu = list[MigSlot]
 Rule = Callable[[MigGeometry, list[Gpu], str], tuple[int, Placement] | None]
 
 
@@ -125,7 +118,7 @@ def _wipe_and_recreate(geometry: MigGeometry, profiles: Sequence[str], rule: Rul
             spot = rule(geometry, [gpu], profile)
             if spot is None:
                 break
-            gpu.append(NewInstance(profile, spot[1]))
+            gpu.append(MigSlot(profile, spot[1]))
         else:
             return gpu
         if len(tried) >= MAX_ORDERINGS:
@@ -207,7 +200,7 @@ class Outcome:
 
 def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
     node: list[Gpu] = [[] for _ in range(GPUS)]
-    where: dict[int, tuple[int, NewInstance]] = {}
+    where: dict[int, tuple[int, MigSlot]] = {}
     in_place = reconfigured = rejected = disturbed = 0
     frag: list[float] = []
     for e in events:
@@ -218,7 +211,7 @@ def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
             continue
         spot = RULES[policy](geometry, node, e.profile)
         if spot is not None:
-            inst = NewInstance(e.profile, spot[1])
+            inst = MigSlot(e.profile, spot[1])
             node[spot[0]].append(inst)
             where[e.job] = (spot[0], inst)
             in_place += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.types import MigGeometry
 
 # One preset per MIG model; the churn bench builds 8-GPU nodes of each geometry.

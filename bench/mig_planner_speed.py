@@ -21,7 +21,7 @@ import contextlib
 from mig_common import geometries
 from mig_reconfig import layouts
 
-from mig.planner import BlockedByBusyError, Instance, plan_gpu
+from nodeagent_mig.planner import BlockedByBusyError, Instance, plan_gpu
 
 
 def pct(samples: list[float], q: float) -> float:

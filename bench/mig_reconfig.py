@@ -26,8 +26,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from mig_common import geometries
 
-from mig.planner import BlockedByBusyError, Instance, check_layout, plan_gpu, rank_order
+from nodeagent.capacity import rank_order
 from nodeagent.gpu.types import MigGeometry
+from nodeagent_mig.planner import BlockedByBusyError, Instance, check_layout, plan_gpu
 
 
 def layouts(geometry: MigGeometry) -> dict[str, dict[str, int]]:

@@ -38,10 +38,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the API stand-in lives in tests/
 
 from nodeagent import labels as lbl  # noqa: E402
-from tiering.clock import SystemClock  # noqa: E402
-from tiering.controller import Controller  # noqa: E402
-from tiering.kube import Kube, NodeCache, api_client  # noqa: E402
-from tiering.policy import parse_policy  # noqa: E402
+from nodeagent_tiering.clock import SystemClock  # noqa: E402
+from nodeagent_tiering.controller import Controller  # noqa: E402
+from nodeagent_tiering.kube import Kube, NodeCache, api_client  # noqa: E402
+from nodeagent_tiering.policy import parse_policy  # noqa: E402
 
 T = TypeVar("T")
 

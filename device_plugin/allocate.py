@@ -17,10 +17,10 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.api.v1beta1 import api_pb2
-from device_plugin.resources import PluginDevice
 from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
 from nodeagent.config.policy import SharingMode
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
+from nodeagent_device_plugin.resources import PluginDevice
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"

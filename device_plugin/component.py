@@ -1,4 +1,4 @@
-"""The agent component that runs the device plugin (``build_component``)."""
+"""The agent component that runs the device plugin (built by :func:`build`)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import logging
 import threading
 from pathlib import Path
 
-from device_plugin.manager import POLL_S, PluginManager
-from device_plugin.resources import ResourceError
-from nodeagent.agent.component import AgentContext
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.snapshots import SnapshotFeed
+from nodeagent_device_plugin.manager import POLL_S, PluginManager
+from nodeagent_device_plugin.resources import ResourceError
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,17 @@ class DevicePluginComponent:
 
     name = NAME
 
-    def __init__(self, ctx: AgentContext, directory: Path) -> None:
-        self.ctx = ctx
+    def __init__(
+        self,
+        config: AgentConfig,
+        directory: Path,
+        snapshots: SnapshotFeed,
+        health: HealthSource | None,
+    ) -> None:
+        self.config = config
         self.directory = directory
+        self.snapshots = snapshots
+        self.health = health
         self.manager: PluginManager | None = None
         self._pending_config: AgentConfig | None = None
         self._lock = threading.Lock()
@@ -58,8 +67,8 @@ class DevicePluginComponent:
     def advertised(self) -> dict[str, dict[str, bool]]:
         """What the plugin serves to the kubelet: resource -> {device ID: healthy}.
 
-        Empty until the plugin serves (no snapshot yet) and after it stops; published to other
-        components as ``AgentContext.advertised``.
+        Empty until the plugin serves (no snapshot yet) and after it stops; the exporter reads it
+        as a :class:`~nodeagent.runtime.devices.PublishedDevices`.
         """
         manager = self.manager
         return manager.advertised() if manager is not None else {}
@@ -70,12 +79,12 @@ class DevicePluginComponent:
             self._pending_config = config
 
     def _first_snapshot(self, stop: threading.Event) -> NodeSnapshot | None:
-        generation = self.ctx.snapshots.generation
+        generation = self.snapshots.generation
         while not stop.is_set():
-            latest = self.ctx.snapshots.latest
+            latest = self.snapshots.latest
             if latest is not None:
                 return latest
-            self.ctx.snapshots.wait_newer(generation, 0.2)
+            self.snapshots.wait_newer(generation, 0.2)
         return None
 
     def run(self, stop: threading.Event) -> None:
@@ -83,8 +92,8 @@ class DevicePluginComponent:
         snapshot = self._first_snapshot(stop)
         if snapshot is None:
             return
-        config = self.ctx.config
-        manager = PluginManager(self.directory, config.device_plugin, config.pool, self.ctx.health)
+        config = self.config
+        manager = PluginManager(self.directory, config.device_plugin, config.pool, self.health)
         try:
             manager.start(snapshot)
         except ResourceError as exc:
@@ -103,15 +112,16 @@ class DevicePluginComponent:
                     pending, self._pending_config = self._pending_config, None
                 # The layout changes only with a new snapshot (once a second), while this loop
                 # ticks every 50 ms for kubelet restarts: compare layouts only when one arrived.
-                new_generation = self.ctx.snapshots.generation
+                new_generation = self.snapshots.generation
                 if pending is None and new_generation == generation:
                     manager.tick()
                     continue
                 generation = new_generation
-                latest = self.ctx.snapshots.latest or snapshot
+                latest = self.snapshots.latest or snapshot
                 new_layout = device_layout(latest)
                 if pending is not None or new_layout != layout:
                     config = pending or config
+                    self.config = config
                     try:
                         manager.apply(latest, config.pool, config.device_plugin)
                         layout = new_layout
@@ -124,12 +134,12 @@ class DevicePluginComponent:
             self.manager = None
 
 
-def build_component(ctx: AgentContext) -> DevicePluginComponent | None:
+def build(
+    config: AgentConfig, snapshots: SnapshotFeed, health: HealthSource | None
+) -> DevicePluginComponent | None:
     """The device plugin component, or None when ``device_plugin.enabled`` is false."""
-    section = ctx.config.device_plugin
+    section = config.device_plugin
     if not section.enabled:
         return None
     # gRPC reads ``unix://relative/path`` as a host name: sockets need an absolute path.
-    component = DevicePluginComponent(ctx, section.kubelet_dir.absolute())
-    ctx.advertised = component.advertised
-    return component
+    return DevicePluginComponent(config, section.kubelet_dir.absolute(), snapshots, health)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from nodeagent.health.source import HealthSource, HealthState, HealthTransition
+from nodeagent.runtime.health import HealthSource, HealthState, HealthTransition
 
 Clock = Callable[[], float]
 

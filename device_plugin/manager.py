@@ -18,17 +18,18 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.allocate import MpsPaths
-from device_plugin.allocation import ScoreTable
-from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from device_plugin.health import HealthTracker
-from device_plugin.mps import MpsSupervisor, MpsTarget
-from device_plugin.resources import PluginDevice, Resource, build_resources, summarize
-from device_plugin.server import ResourceServer, ServingContext, options
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.config.policy import PoolPolicy, SharingMode
 from nodeagent.gpu.types import NodeSnapshot
-from nodeagent.health.source import HealthSource
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.health import HealthSource
+from nodeagent_device_plugin.allocate import MpsPaths
+from nodeagent_device_plugin.health import HealthTracker
+from nodeagent_device_plugin.mps import MpsSupervisor, MpsTarget
+from nodeagent_device_plugin.preferred import ScoreTable
+from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
+from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,10 @@ VANISH_DELIVERY_S = 1.0  # how long a vanished resource waits for its zero-devic
 class _Registration:
     """Registration state of one resource server."""
 
+    backoff: Backoff  # the delay before the next attempt; back to the start after a success
     registered: bool = False
     next_attempt: float = 0.0
-    delay_s: float = 0.0
-    failures: int = 0
+    failures: int = 0  # failed attempts with this kubelet (for status and the log)
     last_error: str | None = None
 
 
@@ -146,7 +147,7 @@ class PluginManager:
         server = ResourceServer(self.directory, resource, self._ctx)
         server.start()
         self.servers[resource.name] = server
-        self.registrations[resource.name] = _Registration()
+        self.registrations[resource.name] = self._registration()
         if self.kubelet_present:
             self._register(resource.name)
         else:
@@ -191,6 +192,11 @@ class PluginManager:
             self.mps.stop_all()
 
     # --- registration and the kubelet watch ---------------------------------------------------
+    def _registration(self) -> _Registration:
+        """A fresh registration state: the next attempt is due at once."""
+        backoff = Backoff(self.section.register_retry_initial_s, self.section.register_retry_max_s)
+        return _Registration(backoff)
+
     def _kubelet_stat(self) -> tuple[int, int, int] | None:
         try:
             st = (self.directory / KUBELET_SOCKET).stat()
@@ -216,11 +222,8 @@ class PluginManager:
         except grpc.RpcError as exc:
             state.registered = False
             state.failures += 1
-            state.delay_s = min(
-                max(state.delay_s * 2, self.section.register_retry_initial_s),
-                self.section.register_retry_max_s,
-            )
-            state.next_attempt = time.monotonic() + state.delay_s
+            delay = state.backoff.fail()
+            state.next_attempt = time.monotonic() + delay
             detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             state.last_error = f"{exc.code().name if isinstance(exc, grpc.Call) else ''} {detail}"
             log.warning(
@@ -228,11 +231,11 @@ class PluginManager:
                 name,
                 state.last_error.strip(),
                 state.failures,
-                state.delay_s,
+                delay,
             )
             return
         state.registered = True
-        state.delay_s = 0.0
+        state.backoff.succeed()
         state.last_error = None
         self.registration_count += 1
         log.info("%s: registered with the kubelet (endpoint %s)", name, request.endpoint)
@@ -247,9 +250,9 @@ class PluginManager:
                 if not server.socket_present():
                     log.info("%s: socket removed (kubelet restart?); serving again", name)
                     server.start()
-                    self.registrations[name] = _Registration()
+                    self.registrations[name] = self._registration()
                 elif kubelet_new:
-                    self.registrations[name] = _Registration()
+                    self.registrations[name] = self._registration()
             if identity is not None:
                 now = time.monotonic()
                 for name, state in self.registrations.items():

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from device_plugin.allocate import MpsPaths
 from nodeagent.config.device_plugin import MpsSection
 from nodeagent.config.policy import Sharing
+from nodeagent_device_plugin.allocate import MpsPaths
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.allocate import AllocationError, MpsPaths, container_response, validate
-from device_plugin.allocation import ScoreTable, preferred_gpus, preferred_replicas
-from device_plugin.api.v1beta1 import api_pb2, api_pb2_grpc
-from device_plugin.resources import PluginDevice, Resource
 from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeagent_device_plugin.allocate import AllocationError, MpsPaths, container_response, validate
+from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus, preferred_replicas
+from nodeagent_device_plugin.resources import PluginDevice, Resource
 
 log = logging.getLogger(__name__)
 

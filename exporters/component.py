@@ -4,92 +4,74 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from exporters.podresources import PodResourcesPoller
-from exporters.render import Rendered, Renderer, Sources
-from exporters.server import MetricsServer, TlsFiles
 from nodeagent import labels
-from nodeagent.agent.component import AgentContext, Component
-from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
-from nodeagent.gpu.types import MigGeometry
+from nodeagent.config.schema import AgentConfig
+from nodeagent.runtime.devices import PublishedDevices
+from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.snapshots import SnapshotFeed
+from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
-
-
-class GeometryCache:
-    """MIG geometry per GPU, read from NVML once per GPU UUID (it is fixed by the model).
-
-    The read happens on the render thread the first time a MIG-enabled GPU is rendered; a
-    failure is logged once and that GPU's capacity metrics are left out until it succeeds.
-    """
-
-    def __init__(self, node: GpuNode) -> None:
-        self._node = node
-        self._by_uuid: dict[str, MigGeometry | None] = {}
-        self._uuid_by_index: dict[int, str] = {}
-        self._warned: set[int] = set()
-
-    def note(self, index: int, uuid: str) -> None:
-        """Remember which GPU sits at ``index`` (a replaced GPU gets a new UUID)."""
-        self._uuid_by_index[index] = uuid
-
-    def __call__(self, index: int) -> MigGeometry | None:
-        uuid = self._uuid_by_index.get(index, str(index))
-        if uuid not in self._by_uuid:
-            try:
-                self._by_uuid[uuid] = self._node.mig_geometry(index)
-            except GpuError as exc:  # skip this GPU's capacity metrics, retry next render
-                if index not in self._warned:
-                    log.warning("cannot read the MIG geometry of GPU %d: %s", index, exc)
-                    self._warned.add(index)
-                return None
-        return self._by_uuid[uuid]
 
 
 class MetricsExporter:
     """Renders every new snapshot on its own thread and serves the result.
 
     The sampler's subscriber callback only wakes this thread, so a slow render never delays
-    sampling. ``/readyz`` reports ``ctx.all_ready`` (every component of the agent is ready)
-    when the agent provides it, else this component's own readiness.
+    sampling. ``/readyz`` reports ``ready_check`` (the agent passes "every component is ready")
+    when given, else this component's own readiness; ``/healthz`` reports ``live_check``.
     """
 
     name = "metrics"
 
     def __init__(
         self,
-        ctx: AgentContext,
+        config: AgentConfig,
+        snapshots: SnapshotFeed,
         *,
-        address: str,
-        tls: TlsFiles | None,
-        poller: PodResourcesPoller | None,
+        health: HealthSource | None = None,
+        devices: PublishedDevices | None = None,
+        restarts: Mapping[str, int] | None = None,
+        ready_check: Callable[[], bool] | None = None,
+        live_check: Callable[[], bool] | None = None,
+        poller: PodResourcesPoller | None = None,
     ) -> None:
-        self.ctx = ctx
-        self.address = address
-        self.tls = tls
+        self.config = config
+        self.snapshots = snapshots
+        self.devices = devices
         self.poller = poller
-        self.geometry = GeometryCache(ctx.node)
+        self._ready_check = ready_check
+        self._live_check = live_check
+        cfg = config.metrics
+        self.address = cfg.address
+        self.tls = None
+        if cfg.tls_cert_file is not None and cfg.tls_key_file is not None:
+            self.tls = TlsFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
         self.renderer = Renderer(
             Sources(
-                geometry=self.geometry,
-                policy=lambda: self.ctx.config.pool,
-                health=lambda: self.ctx.health,
+                policy=lambda: self.config.pool,
+                health=lambda: health,
                 allocations=lambda: self.poller.latest if self.poller else None,
                 advertised=self._advertised,
-                restarts=ctx.restarts,
-                pool=lambda: self.ctx.config.node.pool,
+                restarts=restarts if restarts is not None else {},
+                pool=lambda: self.config.node.pool,
             )
         )
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
         self._wake = threading.Event()
 
+    def reload(self, config: AgentConfig) -> None:
+        """Render with the new pool policy from the next snapshot on (SIGHUP)."""
+        self.config = config
+
     def _advertised(self) -> Mapping[str, Mapping[str, bool]] | None:
-        """The device plugin's advertised devices (read at render time: it may start later)."""
-        advertised = self.ctx.advertised
-        return advertised() if advertised is not None else None
+        """The device plugin's advertised devices, or None when the agent runs no plugin."""
+        return self.devices.advertised() if self.devices is not None else None
 
     @property
     def ready(self) -> bool:
@@ -98,8 +80,7 @@ class MetricsExporter:
 
     def ready_check(self) -> bool:
         """What ``/readyz`` reports: the whole agent's readiness where known."""
-        all_ready = self.ctx.all_ready
-        return all_ready() if all_ready is not None else self.ready
+        return self._ready_check() if self._ready_check is not None else self.ready
 
     def capacity_annotations(self) -> dict[str, str]:
         """The node's capacity as annotations, for the pool review without Prometheus."""
@@ -117,24 +98,20 @@ class MetricsExporter:
 
     def live_check(self) -> bool:
         """What ``/healthz`` reports: the agent's liveness (threads up, sampling not wedged)."""
-        alive = self.ctx.alive
-        return alive() if alive is not None else True
+        return self._live_check() if self._live_check is not None else True
 
     def render_latest(self) -> Rendered | None:
         """Render the newest snapshot if it is newer than the one served."""
-        store = self.ctx.snapshots
-        generation = store.generation
-        snapshot = store.latest
+        generation = self.snapshots.generation
+        snapshot = self.snapshots.latest
         if snapshot is None or (self.latest is not None and self.latest.generation == generation):
             return self.latest
-        for gpu in snapshot.gpus:
-            self.geometry.note(gpu.info.index, gpu.info.uuid)
         self.latest = self.renderer.render(snapshot, generation)
         return self.latest
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop``; the HTTP server and the poller stop with it."""
-        unsubscribe = self.ctx.snapshots.subscribe(lambda _snapshot: self._wake.set())
+        unsubscribe = self.snapshots.subscribe(lambda _snapshot: self._wake.set())
         poller_stop = threading.Event()
         poller_thread = None
         if self.poller is not None:
@@ -182,20 +159,33 @@ class MetricsExporter:
                 stop.wait(5.0)
 
 
-def build_component(ctx: AgentContext) -> Component | None:
+def build(
+    config: AgentConfig,
+    snapshots: SnapshotFeed,
+    *,
+    health: HealthSource | None = None,
+    devices: PublishedDevices | None = None,
+    restarts: Mapping[str, int] | None = None,
+    ready_check: Callable[[], bool] | None = None,
+    live_check: Callable[[], bool] | None = None,
+) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
-    cfg = ctx.config.metrics
+    cfg = config.metrics
     if not cfg.enabled:
         return None
-    tls = None
-    if cfg.tls_cert_file is not None and cfg.tls_key_file is not None:
-        tls = TlsFiles(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
     poller = None
     if cfg.pod_attribution:
         poller = PodResourcesPoller(cfg.pod_resources_socket, cfg.pod_resources_interval_s)
-    exporter = MetricsExporter(ctx, address=cfg.address, tls=tls, poller=poller)
-    ctx.node_annotations = exporter.capacity_annotations
-    return exporter
+    return MetricsExporter(
+        config,
+        snapshots,
+        health=health,
+        devices=devices,
+        restarts=restarts,
+        ready_check=ready_check,
+        live_check=live_check,
+        poller=poller,
+    )
 
 
-__all__ = ["GeometryCache", "MetricsExporter", "build_component"]
+__all__ = ["MetricsExporter", "build"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
+from nodeagent.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

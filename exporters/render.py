@@ -14,72 +14,23 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporters import fragmentation
-from exporters.catalog import Kind, spec
-from exporters.podresources import Allocations
-from mig import planner
+from nodeagent import capacity
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import GpuInstance, GpuState, MigGeometry, NodeSnapshot
-from nodeagent.health.source import DeviceHealth, HealthSource, HealthState
+from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
+from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
+from nodeagent_exporters.catalog import Kind, spec
+from nodeagent_exporters.podresources import Allocations
 
 log = logging.getLogger(__name__)
 
-# NVML clocks-event reason bits (nvmlClocksEventReason*), one series each so alerts can pick the
-# reasons that matter (hw_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown) by label.
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clocks", 0x100),
-)
+# One series per clocks-event reason, so alerts can pick the reasons that matter (hw_slowdown,
+# hw_thermal_slowdown, hw_power_brake_slowdown) by label.
+CLOCK_EVENT_REASONS = tuple(ClockEventReason)
 STABILITY_LEVELS = ("stable", "degraded", "unstable")
-
-
-@runtime_checkable
-class NodeHealthView(Protocol):
-    """The node-level part of the health model's report (its ``NodeHealth``), read by shape.
-
-    The exporter depends on these attributes only, not on the health model's module.
-    """
-
-    @property
-    def level(self) -> str:
-        """Stability level: stable, degraded or unstable."""
-        ...
-
-    @property
-    def score(self) -> float:
-        """The decayed sum of fault weights (0 = no recent faults)."""
-        ...
-
-    @property
-    def xids_total(self) -> Mapping[tuple[str, int], int]:
-        """XIDs seen, by (GPU UUID, code)."""
-        ...
-
-    @property
-    def xid_last_s(self) -> Mapping[tuple[str, int], float]:
-        """Unix time each (GPU UUID, code) was last seen."""
-        ...
-
-
-@runtime_checkable
-class NodeHealthSource(Protocol):
-    """A health source that also reports node stability and XID counts (the health model)."""
-
-    def node_health(self) -> NodeHealthView:
-        """A consistent view of the node's health."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +167,6 @@ class Sources:
     start after the exporter, and the poller replaces its attribution in the background.
     """
 
-    geometry: Callable[[int], MigGeometry | None]  # by GPU index; cached by the caller
     policy: Callable[[], PoolPolicy]
     health: Callable[[], HealthSource | None] = lambda: None
     allocations: Callable[[], Allocations | None] = lambda: None
@@ -283,10 +233,10 @@ class Renderer:
             elif self._is_free(gpu, health.get(gpu.info.uuid), allocated_uuids):
                 free_gpus.append(gpu.info.index)
 
-        components = fragmentation.nvlink_components(free_gpus, snap.topology)
+        components = capacity.nvlink_components(free_gpus, snap.topology)
         f.add("nodeagent_free_gpus", (), len(free_gpus))
         f.add("nodeagent_free_nvlink_set_gpus", (), components[0] if components else 0)
-        stranded_gpus = fragmentation.stranded_gpus(components, policy.request_sizes)
+        stranded_gpus = capacity.stranded_gpus(components, policy.request_sizes)
         f.add("nodeagent_stranded_gpus", (), stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
@@ -336,9 +286,9 @@ class Renderer:
         f.add("nodeagent_gpu_sm_clock_hertz", ids, t.sm_clock_hz)
         f.add("nodeagent_gpu_memory_clock_hertz", ids, t.memory_clock_hz)
         if t.clock_event_reasons is not None:
-            for reason, bit in CLOCK_EVENT_REASONS:
-                active = float(bool(t.clock_event_reasons & bit))
-                f.add("nodeagent_gpu_clock_event_active", (*ids, reason), active)
+            for reason in CLOCK_EVENT_REASONS:
+                active = float(bool(t.clock_event_reasons & reason))
+                f.add("nodeagent_gpu_clock_event_active", (*ids, reason.label), active)
         f.add("nodeagent_gpu_pcie_replays_total", ids, t.pcie_replay_count)
         for link in t.nvlinks:
             n = str(link.link)
@@ -401,17 +351,17 @@ class Renderer:
                 for candidate in HealthState:
                     value = float(candidate is dh.state)
                     f.add("nodeagent_mig_health_state", (*mig, candidate.value), value)
-        geometry = self.sources.geometry(gpu.info.index)
+        geometry = gpu.mig_geometry
         if geometry is None:
             return None
         occupied = sum(gi.placement.size for gi in gpu.mig_instances)
         f.add("nodeagent_mig_slices", ids, geometry.memory_slices)
         f.add("nodeagent_mig_free_slices", ids, geometry.memory_slices - occupied)
-        for profile, count in planner.creatable(geometry, gpu.mig_instances).items():
+        for profile, count in capacity.creatable(geometry, gpu.mig_instances).items():
             f.add("nodeagent_mig_creatable_instances", (*ids, profile), count)
-        ratio = planner.fragmentation_ratio(geometry, gpu.mig_instances)
+        ratio = capacity.fragmentation_ratio(geometry, gpu.mig_instances)
         f.add("nodeagent_mig_fragmentation_ratio", ids, ratio)
-        stranded = fragmentation.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
+        stranded = capacity.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
         f.add("nodeagent_stranded_mig_slices", ids, stranded)
         return ratio, stranded
 

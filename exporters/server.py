@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from exporters.render import Rendered, age_lines
+from nodeagent_exporters.render import Rendered, age_lines
 
 log = logging.getLogger(__name__)
 

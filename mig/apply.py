@@ -1,4 +1,4 @@
-"""Apply a MIG layout to the node through :class:`nodeagent.gpu.node.GpuNode`, crash-safely.
+"""Apply a MIG layout to the node through :class:`nodeagent.gpu.protocols.MigDevices`, crash-safely.
 
 Order of work (each numbered item is skipped when there is nothing to do):
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -36,26 +35,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
-from mig.planner import (
-    GpuPlan,
-    Instance,
-    NewInstance,
-    PlanError,
-    creatable,
-    fragmentation_ratio,
-    plan_gpu,
-)
 from nodeagent.atomicfile import write_json_atomic
+from nodeagent.capacity import creatable, fragmentation_ratio
 from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
-from nodeagent.gpu.types import GpuInstance, MigGeometry
+from nodeagent.gpu.protocols import MigDevices
+from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot
+from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
+from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 
 INTENT_FILE = "mig-intent.json"
-# Test hook: SIGKILL this process right before the Nth mutating NVML step (1-based). Crash
-# tests set it in a child process; it is read once per apply and does nothing when unset.
-ENV_KILL_AT_STEP = "NODEAGENT_MIG_KILL_AT_STEP"
 
+# Called right before each mutating NVML step with its number (1-based) and what it does: for
+# progress reporting, and for the crash tests, which end the process at a chosen step.
 StepHook = Callable[[int, str], None]
 
 
@@ -67,20 +58,28 @@ class GpuReport:
     model: str
     mig_enabled: bool  # the mode in effect at the end
     target_enabled: bool
-    kept: list[str] = field(default_factory=list)
-    destroyed: list[str] = field(default_factory=list)
-    created: list[str] = field(default_factory=list)
+    kept: list[MigSlot] = field(default_factory=list)
+    destroyed: list[MigSlot] = field(default_factory=list)
+    half_made: list[MigSlot] = field(default_factory=list)  # destroyed: no compute instance
+    created: list[MigSlot] = field(default_factory=list)
     mode_change: str | None = None  # "enable" / "disable" when requested
     reset_required: str | None = None  # why the mode change still waits for a reset
     errors: list[str] = field(default_factory=list)
-    holds: list[str] = field(default_factory=list)  # the instances on the GPU at the end
+    holds: list[MigSlot] = field(default_factory=list)  # the instances on the GPU at the end
     creatable: dict[str, int] = field(default_factory=dict)
     fragmentation: float = 0.0
 
     @property
     def changed(self) -> bool:
         """Whether anything was (or would be) changed on this GPU."""
-        return bool(self.destroyed or self.created or self.mode_change)
+        return bool(self.destroyed or self.half_made or self.created or self.mode_change)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form: instances as ``{"profile", "start", "size"}``."""
+        out = asdict(self)
+        for key in ("kept", "destroyed", "half_made", "created", "holds"):
+            out[key] = [slot.to_json() for slot in getattr(self, key)]
+        return out
 
 
 @dataclass
@@ -102,6 +101,7 @@ class ApplyReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
         out = asdict(self)
+        out["gpus"] = [g.to_dict() for g in self.gpus]
         out["ok"] = self.ok
         return out
 
@@ -155,7 +155,7 @@ def _split(instances: Sequence[GpuInstance]) -> tuple[tuple[Instance, ...], tupl
     return whole, half
 
 
-def prepare(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
+def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
     """Resolve the layout and plan every selected GPU; changes nothing.
 
     Raises:
@@ -210,11 +210,8 @@ def read_intent(state_dir: Path) -> dict[str, Any] | None:
 
 
 def _intent(prepared: Prepared, cfg: MigConfigFile) -> dict[str, Any]:
-    def layout(items: Sequence[Instance | NewInstance]) -> list[dict[str, Any]]:
-        return [
-            {"profile": i.profile, "start": i.placement.start, "size": i.placement.size}
-            for i in items
-        ]
+    def layout(items: Sequence[MigSlot]) -> list[dict[str, Any]]:
+        return [i.to_json() for i in items]
 
     return {
         "version": "v1",
@@ -226,7 +223,7 @@ def _intent(prepared: Prepared, cfg: MigConfigFile) -> dict[str, Any]:
             {
                 "index": w.index,
                 "mig_enabled": w.target.mig_enabled,
-                "before": layout(w.before),
+                "before": layout([i.slot for i in w.before]),
                 "after": layout(w.plan.layout_after()) if w.plan else [],
             }
             for w in prepared.work
@@ -264,23 +261,19 @@ def _run_hooks(hooks: HooksFile | None, name: str, env: Mapping[str, str]) -> st
 
 
 class _Steps:
-    """Counts mutating calls and fires the crash-test hook before each."""
+    """Counts mutating calls and calls the step hook before each."""
 
     def __init__(self, on_step: StepHook | None) -> None:
         self.count = 0
         self.on_step = on_step
-        raw = os.environ.get(ENV_KILL_AT_STEP, "")
-        self.kill_at = int(raw) if raw.isdigit() else None
 
     def __call__(self, what: str) -> None:
         self.count += 1
         if self.on_step is not None:
             self.on_step(self.count, what)
-        if self.kill_at == self.count:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _destroy(node: GpuNode, index: int, gi: GpuInstance, step: _Steps) -> None:
+def _destroy(node: MigDevices, index: int, gi: GpuInstance, step: _Steps) -> None:
     """Compute instances first, then the GPU instance (NVML refuses the GI while CIs exist)."""
     for ci in gi.compute_instances:
         step(f"GPU {index}: destroy compute instance {ci.instance_id} of GI {gi.instance_id}")
@@ -289,18 +282,14 @@ def _destroy(node: GpuNode, index: int, gi: GpuInstance, step: _Steps) -> None:
     node.destroy_gpu_instance(index, gi.instance_id)
 
 
-def _label(gi: GpuInstance | Instance | NewInstance) -> str:
-    return f"{gi.profile}@{gi.placement.start}:{gi.placement.size}"
-
-
-def _find(node: GpuNode, index: int, item: Instance | NewInstance) -> GpuInstance | None:
+def _find(node: MigDevices, index: int, item: MigSlot) -> GpuInstance | None:
     for gi in node.mig_instances(index):
         if gi.profile == item.profile and gi.placement == item.placement:
             return gi
     return None
 
 
-def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
+def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
     """Fill in what the GPU holds now, its capacity, and check it against the target."""
     try:
         info = node.info(w.index)
@@ -309,7 +298,7 @@ def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
     except GpuError as exc:
         r.errors.append(f"cannot read the GPU back: {exc}")
         return
-    r.holds = [_label(g) for g in now]
+    r.holds = [g.slot for g in now]
     if info.mig_enabled:
         r.creatable = creatable(w.geometry, now)
         r.fragmentation = fragmentation_ratio(w.geometry, now)
@@ -319,15 +308,15 @@ def _finish_report(node: GpuNode, w: _GpuWork, r: GpuReport) -> None:
         if info.mig_enabled != w.target.mig_enabled or want != have:
             r.errors.append(
                 "verification failed: GPU holds "
-                + (", ".join(r.holds) or "nothing")
+                + (", ".join(s.label for s in r.holds) or "nothing")
                 + f" with MIG {'on' if info.mig_enabled else 'off'}"
             )
 
 
 def _rollback(
-    node: GpuNode,
+    node: MigDevices,
     index: int,
-    created: list[NewInstance],
+    created: list[MigSlot],
     destroyed: list[Instance],
     step: _Steps,
 ) -> str:
@@ -352,17 +341,17 @@ def _rollback(
 
 
 def _apply_mode(
-    node: GpuNode, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
+    node: MigDevices, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
 ) -> bool:
     """Bring the GPU's MIG mode to the target; True when it is in effect now."""
     index = w.index
     if not w.target.mig_enabled:
         for gi in node.mig_instances(index) if w.current else ():
             if gi.busy and not force:
-                r.errors.append(f"{_label(gi)} is busy; not destroyed (use force)")
+                r.errors.append(f"{gi.slot.label} is busy; not destroyed (use force)")
                 return False
             _destroy(node, index, gi, step)
-            r.destroyed.append(_label(gi))
+            r.destroyed.append(gi.slot)
     r.mode_change = "enable" if w.target.mig_enabled else "disable"
     info = node.info(index)
     reason = None
@@ -389,14 +378,20 @@ def _apply_mode(
     return False
 
 
-def _apply_layout(node: GpuNode, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
+def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
     """Destroy and create instances on one GPU (MIG is on), rolling back on failure."""
     index = w.index
     now = node.mig_instances(index)
     whole, half = _split(now)
-    plan = plan_gpu(w.geometry, whole, w.target.devices, force=force)
-    r.kept = [i.label for i in plan.keep]
-    created: list[NewInstance] = []
+    # The plan prepared before anything changed still holds when the GPU has what it had then
+    # (or nothing, after the mode change this apply made). Only a GPU that changed under the
+    # apply (another tool, between the preview and the go-ahead) is planned again.
+    expected = w.before if not w.mode_change else ()
+    plan = w.plan
+    if plan is None or set(whole) != set(expected):
+        plan = plan_gpu(w.geometry, whole, w.target.devices, force=force)
+    r.kept = [i.slot for i in plan.keep]
+    created: list[MigSlot] = []
     destroyed: list[Instance] = []
     by_id = {g.instance_id: g for g in now}
     try:
@@ -404,24 +399,24 @@ def _apply_layout(node: GpuNode, w: _GpuWork, r: GpuReport, force: bool, step: _
             gi = by_id[item.instance_id] if item.instance_id is not None else None
             if gi is not None:
                 _destroy(node, index, gi, step)
-                r.destroyed.append(f"{item.label} (half-made)")
+                r.half_made.append(item.slot)
         for item in plan.destroy:
             assert item.instance_id is not None
             _destroy(node, index, by_id[item.instance_id], step)
             destroyed.append(item)
-            r.destroyed.append(item.label)
+            r.destroyed.append(item.slot)
         for new in plan.create:
             step(f"GPU {index}: create {new.label}")
             node.create_gpu_instance(index, new.profile, new.placement)
             created.append(new)
-            r.created.append(new.label)
+            r.created.append(new)
     except GpuError as exc:
         undo = _rollback(node, index, created, [d for d in destroyed if not d.busy], step)
         r.errors.append(f"{exc} (rolled back: {undo})")
 
 
 def execute(
-    node: GpuNode,
+    node: MigDevices,
     prepared: Prepared,
     cfg: MigConfigFile,
     *,
@@ -458,7 +453,7 @@ def execute(
     ]
     if not todo:
         for w, r in zip(prepared.work, report.gpus, strict=True):
-            r.kept = [i.label for i in w.before]
+            r.kept = [i.slot for i in w.before]
             _finish_report(node, w, r)
         (state_dir / INTENT_FILE).unlink(missing_ok=True)  # an earlier crash left it converged
         return report
@@ -506,14 +501,14 @@ def execute(
     for w in prepared.work:
         r = reports[w.index]
         if not r.changed and not r.kept and w.plan is not None:
-            r.kept = [i.label for i in w.plan.keep]
+            r.kept = [i.slot for i in w.plan.keep]
         _finish_report(node, w, r)
     (state_dir / INTENT_FILE).unlink(missing_ok=True)
     return report
 
 
 def reconcile(
-    node: GpuNode,
+    node: MigDevices,
     cfg: MigConfigFile,
     name: str,
     *,
@@ -544,9 +539,8 @@ def reconcile(
     )
 
 
-def dry_run(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False) -> ApplyReport:
-    """What :func:`reconcile` would do, without changing anything."""
-    prepared = prepare(node, cfg, name, force=force)
+def dry_run(prepared: Prepared) -> ApplyReport:
+    """What :func:`execute` would do with ``prepared``, without changing anything."""
     report = ApplyReport(prepared.config, [], dry_run=True)
     for w in prepared.work:
         r = GpuReport(w.index, w.model, w.current, w.target.mig_enabled)
@@ -555,15 +549,36 @@ def dry_run(node: GpuNode, cfg: MigConfigFile, name: str, *, force: bool = False
         if w.mode_change:
             r.mode_change = "enable" if w.target.mig_enabled else "disable"
             if not w.target.mig_enabled:
-                r.destroyed = [i.label for i in w.before]
-        r.destroyed += [f"{i.label} (half-made)" for i in w.halfmade]
+                r.destroyed = [i.slot for i in w.before]
+        r.half_made = [i.slot for i in w.halfmade]
         if w.plan is not None:
             if not w.mode_change:
-                r.kept = [i.label for i in w.plan.keep]
-                r.destroyed += [i.label for i in w.plan.destroy]
-            r.created = [c.label for c in w.plan.create]
-            r.holds = [c.label for c in w.plan.layout_after()]
+                r.kept = [i.slot for i in w.plan.keep]
+                r.destroyed += [i.slot for i in w.plan.destroy]
+            r.created = list(w.plan.create)
+            r.holds = list(w.plan.layout_after())
             r.creatable = dict(w.plan.creatable_after)
             r.fragmentation = w.plan.fragmentation_after
         report.gpus.append(r)
     return report
+
+
+def differences(prepared: Prepared) -> list[str]:
+    """How the node differs from the prepared layout (``mig assert``); empty when it holds it."""
+    diffs: list[str] = []
+    for w in prepared.work:
+        if w.current != w.target.mig_enabled:
+            diffs.append(
+                f"GPU {w.index}: MIG is {'on' if w.current else 'off'}, layout wants "
+                f"{'on' if w.target.mig_enabled else 'off'}"
+            )
+            continue
+        if w.pending != w.target.mig_enabled:
+            diffs.append(f"GPU {w.index}: a MIG mode change is pending (reset required)")
+        diffs += [f"GPU {w.index}: half-made instance {i.label}" for i in w.halfmade]
+        if w.plan is not None:
+            diffs += [f"GPU {w.index}: has {i.label}, not in the layout" for i in w.plan.destroy]
+            diffs += [f"GPU {w.index}: lacks {c.profile}" for c in w.plan.create]
+        elif w.error is not None:
+            diffs.append(f"GPU {w.index}: {w.error}")
+    return diffs

@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
-from mig.planner import check_layout, rank_order
-from nodeagent.gpu.node import GpuNode
+from nodeagent.capacity import rank_order
+from nodeagent.gpu.protocols import GpuInventory
 from nodeagent.gpu.types import MigGeometry
+from nodeagent_mig.planner import check_layout
 
 VERSION = "v1"
 DEFAULT_CONFIG_FILE = Path(__file__).with_name("default-config.yaml")
@@ -318,7 +319,7 @@ def load_config(path: Path | str) -> MigConfigFile:
     return parse_config(text, str(path))
 
 
-def gpu_facts(node: GpuNode) -> list[GpuFacts]:
+def gpu_facts(node: GpuInventory) -> list[GpuFacts]:
     """Facts about every GPU of the node, for :func:`resolve`."""
     out = []
     for i in range(node.count()):

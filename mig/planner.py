@@ -18,18 +18,8 @@ Guarantees (each is tested):
   without moving anything: on the GPU and at the placement that lose the least future capacity,
   then on the fuller GPU (the benchmark in bench/mig_churn.py measures this rule).
 
-Fragmentation measure: for a layout, ``creatable[p]`` is how many more instances of profile
-``p`` alone could still be created in the free slices (bounded by the profile's max count).
-The *usable free capacity* is the number of free memory slices that at least one still-creatable
-placement covers (slice 7 behind a 1g instance at slice 6 is not usable by anything). The
-*fragmentation ratio* is the share of usable free capacity that the largest still-creatable
-profile cannot use::
-
-    ratio = 1 - slices(L) * creatable[L] / usable_free      (0 when nothing is free)
-
-where ``L`` is the largest profile with ``creatable[L] > 0``. An empty GPU scores 0 (one 7g
-takes everything), and so does a full one; a GPU whose free slices only fit small profiles
-scores close to 1.
+Capacity and fragmentation are measured by :mod:`nodeagent.capacity`, the same measures the
+exporter publishes.
 """
 
 from __future__ import annotations
@@ -37,20 +27,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Protocol
 
-from nodeagent.gpu.types import GpuInstance, MigGeometry, MigProfile, Placement
-
-
-class Placed(Protocol):
-    """Anything with a profile name and a placement (a GpuInstance, a planned instance)."""
-
-    @property
-    def profile(self) -> str: ...
-
-    @property
-    def placement(self) -> Placement: ...
+from nodeagent.capacity import (
+    Placed,
+    SliceModel,
+    creatable_vector,
+    fragmentation_of,
+    occupancy,
+    slice_mask,
+    slice_model,
+)
+from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot, Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,22 +56,14 @@ class Instance:
         return cls(gi.profile, gi.placement, gi.busy, gi.instance_id, gi.uuid)
 
     @property
-    def label(self) -> str:
-        """``3g.40gb@4:4``: profile, start slice and size."""
-        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
-
-
-@dataclass(frozen=True, slots=True)
-class NewInstance:
-    """An instance the plan creates, at an explicit placement."""
-
-    profile: str
-    placement: Placement
+    def slot(self) -> MigSlot:
+        """Its profile and placement."""
+        return MigSlot(self.profile, self.placement)
 
     @property
     def label(self) -> str:
         """``3g.40gb@4:4``: profile, start slice and size."""
-        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
+        return self.slot.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +72,7 @@ class GpuPlan:
 
     keep: tuple[Instance, ...]
     destroy: tuple[Instance, ...]
-    create: tuple[NewInstance, ...]
+    create: tuple[MigSlot, ...]  # new instances, at explicit placements
     creatable_after: Mapping[str, int] = field(default_factory=dict)
     fragmentation_after: float = 0.0
 
@@ -102,9 +81,9 @@ class GpuPlan:
         """The GPU already holds the target: nothing to destroy or create."""
         return not self.destroy and not self.create
 
-    def layout_after(self) -> tuple[NewInstance, ...]:
+    def layout_after(self) -> tuple[MigSlot, ...]:
         """Every instance on the GPU once the plan is applied, by start slice."""
-        after = [NewInstance(i.profile, i.placement) for i in self.keep] + list(self.create)
+        after = [i.slot for i in self.keep] + list(self.create)
         return tuple(sorted(after, key=lambda i: (i.placement.start, i.placement.size)))
 
 
@@ -125,123 +104,11 @@ class BlockedByBusyError(PlanError):
     """Every valid plan destroys a busy instance (listed in ``blocking``) and ``force`` is off."""
 
 
-# --- the geometry in bitmask form ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Model:
-    """A geometry prepared for search: profiles in rank order, placements as slice bitmasks."""
-
-    names: tuple[str, ...]  # rank order: most memory slices first, then most compute
-    slices: tuple[int, ...]
-    max_count: tuple[int, ...]
-    placements: tuple[tuple[Placement, ...], ...]  # by start slice
-    masks: tuple[tuple[int, ...], ...]
-    index: Mapping[str, int]
-    memory_slices: int
-
-
-def _mask(p: Placement) -> int:
-    return ((1 << p.size) - 1) << p.start
-
-
-def memory_slices_of(profile: MigProfile) -> int:
-    """Memory slices one instance occupies: its placement size (NVML's ``sliceCount`` counts
-    SM slices, which differ for 3g and 7g, so the placements are the authority)."""
-    return profile.placements[0].size if profile.placements else profile.slices
-
-
-@lru_cache(maxsize=64)
-def _model(geometry: MigGeometry) -> _Model:
-    profiles = sorted(
-        geometry.profiles, key=lambda p: (-memory_slices_of(p), -p.compute_slices, p.name)
-    )
-    placements = tuple(tuple(sorted(p.placements, key=lambda q: q.start)) for p in profiles)
-    return _Model(
-        names=tuple(p.name for p in profiles),
-        slices=tuple(memory_slices_of(p) for p in profiles),
-        max_count=tuple(p.max_count for p in profiles),
-        placements=placements,
-        masks=tuple(tuple(_mask(q) for q in group) for group in placements),
-        index={p.name: i for i, p in enumerate(profiles)},
-        memory_slices=geometry.memory_slices,
-    )
-
-
-def rank_order(geometry: MigGeometry) -> tuple[str, ...]:
-    """Profile names largest first: the order in which capacity is compared and shown."""
-    return _model(geometry).names
-
-
-def _occupancy(m: _Model, instances: Iterable[Placed]) -> tuple[int, list[int]]:
-    occ = 0
-    counts = [0] * len(m.names)
-    for inst in instances:
-        occ |= _mask(inst.placement)
-        i = m.index.get(inst.profile)
-        if i is not None:
-            counts[i] += 1
-    return occ, counts
-
-
-def _creatable_vec(m: _Model, occ: int, counts: Sequence[int]) -> tuple[int, ...]:
-    out = []
-    for p, masks in enumerate(m.masks):
-        room = m.max_count[p] - counts[p]
-        n = 0
-        taken = occ
-        # Placements of one profile all have the same size, so taking them greedily by start
-        # (= by end) is the optimal interval packing.
-        for mk in masks:
-            if n >= room:
-                break
-            if mk & taken == 0:
-                taken |= mk
-                n += 1
-        out.append(n)
-    return tuple(out)
-
-
-def _fragmentation(m: _Model, occ: int, vec: Sequence[int]) -> float:
-    cover = 0
-    for p, masks in enumerate(m.masks):
-        if vec[p] > 0:
-            for mk in masks:
-                if mk & occ == 0:
-                    cover |= mk
-    usable = cover.bit_count()
-    if usable == 0:
-        return 0.0
-    largest = next(p for p in range(len(vec)) if vec[p] > 0)
-    return 1.0 - m.slices[largest] / usable
-
-
-def creatable(geometry: MigGeometry, instances: Iterable[Placed]) -> dict[str, int]:
-    """How many more instances of each profile (alone) could be created beside ``instances``."""
-    m = _model(geometry)
-    occ, counts = _occupancy(m, instances)
-    return dict(zip(m.names, _creatable_vec(m, occ, counts), strict=True))
-
-
-def fragmentation_ratio(geometry: MigGeometry, instances: Iterable[Placed]) -> float:
-    """The share of usable free capacity the largest still-creatable profile cannot use (0..1)."""
-    m = _model(geometry)
-    occ, counts = _occupancy(m, instances)
-    return _fragmentation(m, occ, _creatable_vec(m, occ, counts))
-
-
-def capacity_key(geometry: MigGeometry, instances: Iterable[Placed]) -> tuple[int, ...]:
-    """The creatable counts largest profile first; a bigger tuple means more future capacity."""
-    m = _model(geometry)
-    occ, counts = _occupancy(m, instances)
-    return _creatable_vec(m, occ, counts)
-
-
 # --- search --------------------------------------------------------------------------------------
 
 
 def _best_completion(
-    m: _Model, occ: int, counts: list[int], need: Sequence[int]
+    m: SliceModel, occ: int, counts: list[int], need: Sequence[int]
 ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None:
     """Place every profile in ``need`` (rank order) in the free slices; best capacity wins.
 
@@ -256,7 +123,7 @@ def _best_completion(
     def dfs(k: int, occ: int, lowest: int) -> None:
         nonlocal best
         if k == len(need):
-            vec = _creatable_vec(m, occ, counts)
+            vec = creatable_vector(m, occ, counts)
             if best is None or vec > best[0]:
                 best = (vec, tuple(chosen))
             return
@@ -277,7 +144,7 @@ def _best_completion(
     return best
 
 
-def _feasible(m: _Model, occ: int, need: Sequence[int]) -> bool:
+def _feasible(m: SliceModel, occ: int, need: Sequence[int]) -> bool:
     """Whether ``need`` fits beside ``occ`` at all (first solution found ends the search)."""
 
     def dfs(k: int, occ: int, lowest: int) -> bool:
@@ -295,7 +162,7 @@ def _feasible(m: _Model, occ: int, need: Sequence[int]) -> bool:
     return dfs(0, occ, 0)
 
 
-def _explain_infeasible(m: _Model, want: Sequence[int]) -> str:
+def _explain_infeasible(m: SliceModel, want: Sequence[int]) -> str:
     """One sentence on why the multiset ``want`` has no valid placement on an empty GPU."""
     for p, n in enumerate(want):
         if n > m.max_count[p]:
@@ -324,7 +191,7 @@ def check_layout(geometry: MigGeometry, desired: Mapping[str, int]) -> str | Non
 
     Unknown profile names are reported as such, with the names the model offers.
     """
-    m = _model(geometry)
+    m = slice_model(geometry)
     want = [0] * len(m.names)
     for name, n in desired.items():
         if name not in m.index:
@@ -358,7 +225,7 @@ def plan_gpu(
     problem = check_layout(geometry, {k: v for k, v in desired.items() if v})
     if problem is not None:
         raise InfeasibleError(problem)
-    m = _model(geometry)
+    m = slice_model(geometry)
     want = [0] * len(m.names)
     for name, n in desired.items():
         want[m.index[name]] += n
@@ -388,7 +255,7 @@ def plan_gpu(
         occ = 0
         for i in keep:
             counts[m.index[cur[i].profile]] += 1
-            occ |= _mask(cur[i].placement)
+            occ |= slice_mask(cur[i].placement)
         if any(c > w for c, w in zip(counts, want, strict=True)):
             continue
         need = [p for p in range(len(m.names)) for _ in range(want[p] - counts[p])]
@@ -412,16 +279,16 @@ def plan_gpu(
             + "; every valid layout destroys them",
             blocking,
         )
-    create = tuple(NewInstance(m.names[p], m.placements[p][j]) for p, j in created)
+    create = tuple(MigSlot(m.names[p], m.placements[p][j]) for p, j in created)
     after_occ = 0
     for placed in [*(cur[i].placement for i in keep), *(c.placement for c in create)]:
-        after_occ |= _mask(placed)
+        after_occ |= slice_mask(placed)
     return GpuPlan(
         keep=tuple(cur[i] for i in keep),
         destroy=destroyed,
         create=tuple(sorted(create, key=lambda c: (c.placement.start, c.profile))),
         creatable_after=dict(zip(m.names, vec, strict=True)),
-        fragmentation_after=_fragmentation(m, after_occ, vec),
+        fragmentation_after=fragmentation_of(m, after_occ, vec),
     )
 
 
@@ -442,7 +309,7 @@ def place_on_node(
     ``None`` when no GPU has a free legal placement for the profile or every GPU already holds
     its maximum count of it. Raises ValueError for a profile the model does not offer.
     """
-    m = _model(geometry)
+    m = slice_model(geometry)
     p = m.index.get(profile)
     if p is None:
         raise ValueError(
@@ -450,16 +317,16 @@ def place_on_node(
         )
     best: tuple[tuple[tuple[int, ...], int, int, int], int, Placement] | None = None
     for g, instances in enumerate(gpus):
-        occ, counts = _occupancy(m, instances)
+        occ, counts = occupancy(m, instances)
         if counts[p] >= m.max_count[p]:
             continue
-        before = _creatable_vec(m, occ, counts)
+        before = creatable_vector(m, occ, counts)
         used = occ.bit_count()
         counts[p] += 1
         for j, mk in enumerate(m.masks[p]):
             if mk & occ:
                 continue
-            after = _creatable_vec(m, occ | mk, counts)
+            after = creatable_vector(m, occ | mk, counts)
             loss = tuple(b - a for b, a in zip(before, after, strict=True))
             placement = m.placements[p][j]
             key = (loss, -used, g, placement.start)

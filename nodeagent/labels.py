@@ -1,9 +1,13 @@
-"""Capability labels a node agent publishes on its Kubernetes node.
+"""Every name nodeagent puts on a Kubernetes object, and the one label-value sanitiser.
 
-The names follow NVIDIA GPU feature discovery (GFD) where GFD has one, so selectors written for
-GFD keep working; facts GFD does not publish live under ``nodeagent.io/``. Everything here is a
-pure function of a :class:`NodeSnapshot` plus the pool and health facts the agent already holds;
-:func:`label_patch` tells the agent whether anything changed, so it patches only on change.
+CONTRACT FILE: the agent writes these labels, annotations, the condition and the taints, and the
+tiering service reads them; both sides take the names from here, so they cannot drift apart.
+
+The capability label names follow NVIDIA GPU feature discovery (GFD) where GFD has one, so
+selectors written for GFD keep working; facts GFD does not publish live under ``nodeagent.io/``.
+The capability labels are a pure function of a :class:`NodeSnapshot` plus the pool and health
+facts the agent already holds; :func:`label_patch` tells the agent whether anything changed, so
+it patches only on change.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nodeagent.gpu.types import LinkKind, NodeSnapshot
+from nodeagent.capacity import nvlink_components
+from nodeagent.gpu.types import NodeSnapshot
 
 # GPU feature discovery names (kept as GFD spells them).
 GPU_PRODUCT = "nvidia.com/gpu.product"  # product name, spaces as dashes
@@ -29,19 +34,32 @@ CUDA_DRIVER_REV = "nvidia.com/cuda.driver.rev"
 CUDA_RUNTIME_MAJOR = "nvidia.com/cuda.runtime.major"  # GFD: the CUDA version the driver offers
 CUDA_RUNTIME_MINOR = "nvidia.com/cuda.runtime.minor"
 
+PREFIX = "nodeagent.io/"
+
 # nodeagent's own labels.
-POOL = "nodeagent.io/pool"
-GPU_HEALTH = "nodeagent.io/gpu-health"  # worst device state: healthy|degraded|unhealthy|lost
-STABILITY = "nodeagent.io/stability"  # stable | degraded | unstable
-NVLINK_LARGEST_SET = "nodeagent.io/nvlink-largest-set"  # GPUs in the largest NVLink island
-DRIVER_VERSION = "nodeagent.io/driver-version"  # full driver version, e.g. 550.54.15
-MIG_LAYOUT = "nodeagent.io/mig-layout"  # the pool's MIG layout, once the agent applied it
-TIER = "nodeagent.io/tier"  # written by the tiering service, never by the agent
+POOL = PREFIX + "pool"
+GPU_HEALTH = PREFIX + "gpu-health"  # worst device state: healthy|degraded|unhealthy|lost
+STABILITY = PREFIX + "stability"  # stable | degraded | unstable
+NVLINK_LARGEST_SET = PREFIX + "nvlink-largest-set"  # GPUs in the largest NVLink island
+DRIVER_VERSION = PREFIX + "driver-version"  # full driver version, e.g. 550.54.15
+MIG_LAYOUT = PREFIX + "mig-layout"  # the pool's MIG layout, once the agent applied it
+TIER = PREFIX + "tier"  # written by the tiering service, never by the agent
 
 # Capacity annotations the agent publishes for the pool review when no Prometheus is at hand.
-FRAGMENTATION_ANNOTATION = "nodeagent.io/fragmentation"  # mean ratio 0..1 over MIG GPUs
-STRANDED_SLICES_ANNOTATION = "nodeagent.io/stranded-mig-slices"
-STRANDED_GPUS_ANNOTATION = "nodeagent.io/stranded-gpus"
+FRAGMENTATION_ANNOTATION = PREFIX + "fragmentation"  # mean ratio 0..1 over MIG GPUs
+STRANDED_SLICES_ANNOTATION = PREFIX + "stranded-mig-slices"
+STRANDED_GPUS_ANNOTATION = PREFIX + "stranded-gpus"
+
+# The health reporter's annotations, condition and taint.
+STABILITY_SCORE_ANNOTATION = PREFIX + "stability-score"  # the node's stability score, 1 decimal
+HEALTH_REASONS_ANNOTATION = PREFIX + "health-reasons"  # JSON list of the node's reasons
+GPU_HEALTHY_CONDITION = "GPUHealthy"  # node condition type: False when a GPU must not take work
+UNSTABLE_TAINT = PREFIX + "unstable"  # NoSchedule, with health.taint_unstable
+
+# The tiering service's own: its drain record, its lease annotation, its quarantine taint.
+DRAIN_ANNOTATION = PREFIX + "drain"  # JSON progress of a drain (read back by a new leader)
+BREAKER_ANNOTATION = PREFIX + "circuit-breaker"  # on the service's Lease
+QUARANTINE_TAINT = PREFIX + "quarantine"  # the default drain.taint_key
 
 # Every label the agent owns: a key here that the agent no longer computes is removed.
 # The health reporter writes GPU_HEALTH, STABILITY and DRIVER_VERSION itself (same names).
@@ -84,7 +102,11 @@ _INVALID = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def label_value(text: str) -> str:
-    """``text`` as a valid label value: other characters become ``-``, at most 63, alnum ends."""
+    """``text`` as a valid label value: other characters become ``-``, at most 63, alnum ends.
+
+    The one sanitiser for every label value nodeagent writes (Kubernetes allows at most 63
+    characters of ``[A-Za-z0-9._-]``, beginning and ending with an alphanumeric).
+    """
     value = _INVALID.sub("-", text.strip())[:63]
     return value.strip("-_.")
 
@@ -102,24 +124,7 @@ class NodeFacts:
 def largest_nvlink_set(snapshot: NodeSnapshot) -> int:
     """Size of the largest set of GPUs connected to each other through NVLink (paths allowed)."""
     indices = [gpu.info.index for gpu in snapshot.gpus]
-    if not indices:
-        return 0
-    parent = {i: i for i in indices}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for (a, b), link in snapshot.topology.items():
-        if link.kind is LinkKind.NVLINK and a in parent and b in parent:
-            parent[find(a)] = find(b)
-    sizes: dict[int, int] = {}
-    for i in indices:
-        root = find(i)
-        sizes[root] = sizes.get(root, 0) + 1
-    return max(sizes.values())
+    return max(nvlink_components(indices, snapshot.topology), default=0)
 
 
 def capability_labels(snapshot: NodeSnapshot, facts: NodeFacts) -> dict[str, str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.agent.backend import open_node
+from nodeagent.gpu.node import GpuNode
 
 # The real control plane (fixtures control_plane, kube_ns, kubelets; marker kube).
 pytest_plugins = ["nodeagent.testing.kube.pytest_plugin"]

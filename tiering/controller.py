@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from tiering.clock import Clock
-from tiering.kube import Kube, KubeError, NodeCache
-from tiering.leader import LeaderElector
-from tiering.metrics import TieringMetrics
-from tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
-from tiering.planner import (
+from nodeagent.runtime.backoff import Backoff
+from nodeagent_tiering.clock import Clock
+from nodeagent_tiering.kube import Kube, KubeError, NodeCache
+from nodeagent_tiering.leader import LeaderElector
+from nodeagent_tiering.metrics import TieringMetrics
+from nodeagent_tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
+from nodeagent_tiering.planner import (
     BreakerState,
     Defer,
     MarkStable,
@@ -32,7 +33,7 @@ from tiering.planner import (
     StepDrain,
     plan,
 )
-from tiering.policy import Stability, TierPolicy
+from nodeagent_tiering.policy import Stability, TierPolicy
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,11 @@ STEP_INTERVAL_S = 2.0  # at most one eviction round per draining node this often
 
 
 @dataclass
-class _Backoff:
-    next_s: float
-    delay_s: float
+class _PodRetry:
+    """When an eviction refused by a PodDisruptionBudget is tried again."""
+
+    backoff: Backoff
+    next_s: float = 0.0
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Controller:
         self._unstable_since: dict[str, float] = {}
         self._seeded = False
         self._last_drain_start: float | None = None
-        self._backoff: dict[tuple[str, str], _Backoff] = {}
+        self._backoff: dict[tuple[str, str], _PodRetry] = {}
         self._next_step: dict[str, float] = {}
         self._deferred: dict[str, str] = {}
         self.last_plan: Plan | None = None
@@ -102,7 +105,7 @@ class Controller:
     def reconcile_once(self) -> Plan:
         """Plan from the cache and execute the plan."""
         started = time.perf_counter()
-        now = self.clock.now()
+        now = self.clock()
         if self.elector is not None:
             self.breaker = self.elector.breaker
         nodes = [NodeView.from_object(o) for o in self.cache.snapshot()]
@@ -285,13 +288,14 @@ class Controller:
                 blocked += 1
                 remaining += 1
                 self.metrics.evictions_blocked.inc()
-                delay = (
-                    self.policy.drain.pdb_backoff_initial_s
-                    if backoff is None
-                    else min(backoff.delay_s * 2, self.policy.drain.pdb_backoff_max_s)
-                )
-                self._backoff[key] = _Backoff(now + delay, delay)
-                next_try = min(next_try, now + delay)
+                if backoff is None:
+                    drain = self.policy.drain
+                    backoff = _PodRetry(
+                        Backoff(drain.pdb_backoff_initial_s, drain.pdb_backoff_max_s)
+                    )
+                    self._backoff[key] = backoff
+                backoff.next_s = now + backoff.backoff.fail()
+                next_try = min(next_try, backoff.next_s)
             else:
                 remaining += 1
                 log.warning("eviction of %s/%s failed: %s", key[0], key[1], result.message)
@@ -383,7 +387,7 @@ class Controller:
 
     def next_wakeup_s(self) -> float:
         """Seconds until the earliest scheduled step (drain step, recovery, cool-down), capped."""
-        now = self.clock.now()
+        now = self.clock()
         soon = self.policy.resync_s
         for when in self._next_step.values():
             soon = min(soon, max(0.0, when - now))
@@ -405,7 +409,7 @@ class Controller:
         informer.start()
         next_election = 0.0
         while not stop.is_set():
-            now = self.clock.now()
+            now = self.clock()
             if self.elector is not None and not self.dry_run and now >= next_election:
                 self.elector.try_acquire_or_renew()
                 next_election = now + self.elector.timing.retry_period_s
@@ -418,7 +422,7 @@ class Controller:
                     on_pass(result)
             timeout = self.next_wakeup_s()
             if self.elector is not None and not self.dry_run:
-                timeout = min(timeout, max(0.0, next_election - self.clock.now()))
+                timeout = min(timeout, max(0.0, next_election - self.clock()))
             self.clock.wait(self.cache.changed, timeout)
         if self.elector is not None and not self.dry_run:
             self.elector.release()

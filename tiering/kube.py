@@ -20,7 +20,13 @@ from typing import Any
 
 from kubernetes import client, config
 
+from nodeagent.runtime.backoff import Backoff
+
 log = logging.getLogger(__name__)
+
+# A dropped watch is retried after 0.5 s, doubling to 30 s while the API server stays away.
+WATCH_RETRY_INITIAL_S = 0.5
+WATCH_RETRY_MAX_S = 30.0
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -286,7 +292,7 @@ class NodeCache:
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch until ``stop``; reconnect on errors, relist on ``410 Gone``."""
-        backoff = 0.5
+        backoff = Backoff(WATCH_RETRY_INITIAL_S, WATCH_RETRY_MAX_S)
         while not stop.is_set():
             try:
                 if not self.synced.is_set():
@@ -295,15 +301,15 @@ class NodeCache:
                     if stop.is_set():
                         return
                     self._apply(event)
-                backoff = 0.5
+                backoff.succeed()
             except KubeError as exc:
-                log.warning("node watch failed: %s; retrying in %.1fs", exc, backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.fail()
+                log.warning("node watch failed: %s; retrying in %.1fs", exc, delay)
+                stop.wait(delay)
             except Exception as exc:  # noqa: BLE001 - a dropped stream must not end the informer
-                log.warning("node watch interrupted: %s; retrying in %.1fs", exc, backoff)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.fail()
+                log.warning("node watch interrupted: %s; retrying in %.1fs", exc, delay)
+                stop.wait(delay)
 
     def _apply(self, event: JSON) -> None:
         kind = event.get("type")

@@ -17,13 +17,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tiering.clock import Clock
-from tiering.kube import Kube, KubeError, micro_time
-from tiering.planner import BreakerState
+from nodeagent import labels as lbl
+from nodeagent_tiering.clock import Clock
+from nodeagent_tiering.kube import Kube, KubeError, micro_time
+from nodeagent_tiering.planner import BreakerState
 
 log = logging.getLogger(__name__)
 
-BREAKER_ANNOTATION = "nodeagent.io/circuit-breaker"
+BREAKER_ANNOTATION = lbl.BREAKER_ANNOTATION
 
 
 def breaker_from_lease(lease: dict[str, Any] | None) -> BreakerState:
@@ -101,7 +102,7 @@ class LeaderElector:
         """Whether this candidate may act now."""
         if self._renewed_at is None:
             return False
-        return self._clock.now() < self._renewed_at + self.timing.renew_deadline_s
+        return self._clock() < self._renewed_at + self.timing.renew_deadline_s
 
     def set_breaker(self, state: BreakerState) -> None:
         """Store a new breaker state with the next renewal."""
@@ -110,7 +111,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round; returns whether this candidate holds the lease afterwards."""
-        now = self._clock.now()
+        now = self._clock()
         try:
             lease = self._kube.get_lease(self.namespace, self.name)
             if lease is None:
@@ -200,7 +201,7 @@ class LeaderElector:
 
 
 def _acquire_time(spec: dict[str, Any], now: float) -> float:
-    from tiering.kube import parse_time
+    from nodeagent_tiering.kube import parse_time
 
     return parse_time(spec.get("acquireTime")) or now
 

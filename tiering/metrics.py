@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tiering.planner import Plan
+from nodeagent_tiering.planner import Plan
 
 NODE_STATES = ("stable", "degraded", "unstable", "draining", "drained", "failed")
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent import labels as lbl
-from tiering.policy import Stability
+from nodeagent_tiering.policy import Stability
 
-DRAIN_ANNOTATION = "nodeagent.io/drain"
-CONDITION = "GPUHealthy"
+DRAIN_ANNOTATION = lbl.DRAIN_ANNOTATION
+CONDITION = lbl.GPU_HEALTHY_CONDITION
 
 
 class Phase(enum.StrEnum):

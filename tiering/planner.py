@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nodeagent import labels as lbl
-from tiering.nodes import NodeView, Phase
-from tiering.policy import Stability, TierPolicy, resolve
+from nodeagent_tiering.nodes import NodeView, Phase
+from nodeagent_tiering.policy import Stability, TierPolicy, resolve
 
 
 @dataclass(frozen=True, slots=True)

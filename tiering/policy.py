@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from nodeagent import labels as lbl
 from nodeagent.config.loader import ConfigError, load_dataclass, parse_dataclass
 
 
@@ -166,7 +167,7 @@ class DrainPolicy:
     timeout_s: float = 3600.0  # a drain with pods left after this is marked failed
     pdb_backoff_initial_s: float = 5.0  # first retry after a 429 (PDB); doubles per refusal
     pdb_backoff_max_s: float = 120.0  # retry interval cap (NVSentinel: 10 s doubling to 2 min)
-    taint_key: str = "nodeagent.io/quarantine"
+    taint_key: str = lbl.QUARANTINE_TAINT
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
     def __post_init__(self) -> None:
@@ -177,7 +178,7 @@ class DrainPolicy:
 
 
 def _gpu_nodes() -> Selector:
-    return Selector(match_expressions=(Requirement("nodeagent.io/stability", Operator.EXISTS),))
+    return Selector(match_expressions=(Requirement(lbl.STABILITY, Operator.EXISTS),))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from tiering.kube import parse_time
-from tiering.nodes import NodeView
-from tiering.policy import Stability, TierPolicy
+from nodeagent_tiering.kube import parse_time
+from nodeagent_tiering.nodes import NodeView
+from nodeagent_tiering.policy import Stability, TierPolicy
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # mig-parted's label naming the node's layout
 

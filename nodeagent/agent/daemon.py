@@ -12,13 +12,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nodeagent.agent.component import AgentContext, Component, Reloadable
-from nodeagent.agent.components import build_components
+from nodeagent.agent import wiring
 from nodeagent.agent.sdnotify import Notifier
 from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.loader import ConfigError
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
+from nodeagent.runtime.component import Component, Reloadable
+from nodeagent.runtime.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +60,33 @@ class Agent:
         self.config_path = config_path
         self.config_overrides = config_overrides or {}
         self.notifier = notifier or Notifier()
-        self.ctx = AgentContext(
-            config=config,
-            node=node,
-            state_dir=config.state_dir,
-        )
-        # /readyz and READY=1 mean the same thing: every component is up.
-        self.ctx.all_ready = lambda: self.ready
-        # /healthz and the systemd watchdog use the same liveness rule.
-        self.ctx.alive = self.alive
+        self.config = config
+        self.node = node
+        self.snapshots = SnapshotStore()
+        self.restarts: dict[str, int] = {}  # component name -> restarts (a metric)
         self._started_at = time.monotonic()
-        self.supervisor = Supervisor(self.ctx.restarts)
+        self.supervisor = Supervisor(self.restarts)
         self.components: list[Component] = []
+        self._reloadables: tuple[Reloadable, ...] = ()
         self._reload_requested = threading.Event()
         self._stop_requested = threading.Event()
 
     def start(self) -> None:
         """Create the state directory, log the effective config and start every component."""
-        self.ctx.state_dir.mkdir(parents=True, exist_ok=True)
-        log.info("effective config: %s", describe_config(self.ctx.config))
-        self.components = build_components(self.ctx)
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        log.info("effective config: %s", describe_config(self.config))
+        wired = wiring.build(
+            self.config,
+            self.node,
+            self.snapshots,
+            restarts=self.restarts,
+            # /readyz and READY=1 mean the same thing: every component is up; /healthz and the
+            # systemd watchdog use the same liveness rule.
+            ready=lambda: self.ready,
+            alive=self.alive,
+        )
+        self.components = list(wired.components)
+        self._reloadables = wired.reloadables
         for component in self.components:
             self.supervisor.start(component)
         log.info("started components: %s", ", ".join(c.name for c in self.components))
@@ -115,14 +123,13 @@ class Agent:
             log.error("reload failed, keeping the running config: %s", exc)
             self.notifier.ready("reload failed; running the previous config")
             return False
-        self.ctx.config = config
+        self.config = config
         log.info("reloaded config: %s", describe_config(config))
-        for component in self.components:
-            if isinstance(component, Reloadable):
-                try:
-                    component.reload(config)
-                except Exception:
-                    log.exception("component %s failed to reload", component.name)
+        for reloadable in self._reloadables:
+            try:
+                reloadable.reload(config)
+            except Exception:
+                log.exception("%s failed to reload", getattr(reloadable, "name", reloadable))
         self.notifier.ready("reloaded")
         return True
 
@@ -134,8 +141,8 @@ class Agent:
         """
         if not self.supervisor.alive():
             return False
-        max_age = max(3 * self.ctx.config.sampler.interval_s, 10.0)
-        latest = self.ctx.snapshots.latest
+        max_age = max(3 * self.config.sampler.interval_s, 10.0)
+        latest = self.snapshots.latest
         if latest is None:
             return time.monotonic() - self._started_at < max_age
         return time.time() - latest.timestamp_s < max_age
@@ -169,7 +176,7 @@ class Agent:
         log.info("stopping")
         stragglers = self.supervisor.stop(STOP_TIMEOUT_S)
         try:
-            self.ctx.node.close()
+            self.node.close()
         except Exception:
             log.exception("closing NVML failed")
         self.notifier.close()

@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
-from nodeagent.agent.snapshots import SnapshotStore
 from nodeagent.config.schema import AgentConfig, SamplerSection
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.protocols import SnapshotSource
+from nodeagent.runtime.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class Sampler:
 
     name = "sampler"
 
-    def __init__(self, node: GpuNode, store: SnapshotStore, config: SamplerSection) -> None:
+    def __init__(self, node: SnapshotSource, store: SnapshotStore, config: SamplerSection) -> None:
         self._node = node
         self._store = store
         self.interval_s = config.interval_s

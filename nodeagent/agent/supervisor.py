@@ -7,7 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from nodeagent.agent.component import Component
+from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.component import Component
 
 log = logging.getLogger(__name__)
 
@@ -54,39 +55,39 @@ class Supervisor:
         thread.start()
 
     def _loop(self, component: Component) -> None:
-        backoff = INITIAL_BACKOFF_S
+        backoff = Backoff(INITIAL_BACKOFF_S, MAX_BACKOFF_S)
         last_error: str | None = None
         while not self.stop_event.is_set():
             started = time.monotonic()
             try:
                 component.run(self.stop_event)
             except Exception as exc:
+                if time.monotonic() - started > HEALTHY_RUN_S:
+                    backoff.succeed()
+                delay = backoff.fail()
                 # The first crash of a kind gets its traceback; the same error again (a port
                 # that stays taken, say) is one line per restart, so the log stays readable.
                 summary = f"{type(exc).__name__}: {exc}"
                 if summary != last_error:
                     log.exception(
-                        "component %s crashed; restarting in %.1fs", component.name, backoff
+                        "component %s crashed; restarting in %.1fs", component.name, delay
                     )
                 else:
                     log.error(
                         "component %s crashed again (%s); restarting in %.1fs",
                         component.name,
                         summary,
-                        backoff,
+                        delay,
                     )
                 last_error = summary
                 self.restarts[component.name] = self.restarts.get(component.name, 0) + 1
-                if time.monotonic() - started > HEALTHY_RUN_S:
-                    backoff = INITIAL_BACKOFF_S
-                if self._sleep(self.stop_event, backoff):
+                if self._sleep(self.stop_event, delay):
                     return
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             if not self.stop_event.is_set():
                 log.error("component %s returned without being stopped; restarting", component.name)
                 self.restarts[component.name] = self.restarts.get(component.name, 0) + 1
-                if self._sleep(self.stop_event, backoff):
+                if self._sleep(self.stop_event, max(backoff.delay_s, backoff.initial_s)):
                     return
             else:
                 return

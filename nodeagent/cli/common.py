@@ -7,17 +7,17 @@ of cause and one line of hint on stderr, never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from nodeagent.agent.backend import open_node, simulated_preset
 from nodeagent.config.loader import ConfigError
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.errors import DriverNotLoaded, GpuError
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 
 EXIT_OK = 0
 EXIT_DRIFT = 1
@@ -103,7 +103,7 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
     except ValueError as exc:  # a bad --simulate/--state-dir; the message names the choices
         fail(str(exc), "")
     except GpuError as exc:
-        simulated = simulate or os.environ.get("NODEAGENT_SIMULATE")
+        simulated = simulated_preset(simulate) is not None
         fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")
 
 

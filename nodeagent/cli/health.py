@@ -34,7 +34,7 @@ from nodeagent.cli.common import (
     agent_state_dir as resolve_agent_state,
 )
 from nodeagent.health.model import HealthModel
-from nodeagent.health.report import history_path, read_status, status_path, to_json
+from nodeagent.health.statefile import history_path, read_status, status_path, to_json
 
 app = typer.Typer(help="GPU health, reasons, recommended actions and node stability.")
 

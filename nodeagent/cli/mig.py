@@ -1,6 +1,6 @@
 """``nodeagent mig``: plan, apply, assert, show and export MIG layouts (mig-parted v1 files).
 
-Thin over :mod:`mig.config`, :mod:`mig.planner` and :mod:`mig.apply`.
+Thin over :mod:`nodeagent_mig.config`, :mod:`nodeagent_mig.planner` and :mod:`nodeagent_mig.apply`.
 
 Which layout ``plan``, ``apply`` and ``assert`` work on: ``-c NAME`` when given, else the
 ``mig_layout`` of this node's pool in the agent config (``--agent-config``, env
@@ -18,19 +18,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from mig.apply import ApplyReport, GpuReport, dry_run, execute, prepare
-from mig.config import (
-    DEFAULT_CONFIG_FILE,
-    GpuTarget,
-    HooksFile,
-    MigConfigError,
-    MigConfigFile,
-    load_config,
-    load_hooks,
-    parse_config,
-    render_config,
-)
-from mig.planner import creatable, fragmentation_ratio, rank_order
+from nodeagent.agent.backend import simulated_preset
+from nodeagent.capacity import creatable, fragmentation_ratio, rank_order
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
@@ -47,6 +36,19 @@ from nodeagent.cli.common import (
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.types import MigSlot
+from nodeagent_mig.apply import ApplyReport, GpuReport, differences, dry_run, execute, prepare
+from nodeagent_mig.config import (
+    DEFAULT_CONFIG_FILE,
+    GpuTarget,
+    HooksFile,
+    MigConfigError,
+    MigConfigFile,
+    load_config,
+    load_hooks,
+    parse_config,
+    render_config,
+)
 
 app = typer.Typer(
     help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",
@@ -218,22 +220,15 @@ def slice_map(memory_slices: int, items: list[tuple[str, int, int, bool]]) -> li
     return [header, "".join(row).rstrip()]
 
 
-def _labels_to_items(
-    labels: list[str], busy: set[str] | None = None
-) -> list[tuple[str, int, int, bool]]:
-    out = []
-    for label in labels:
-        profile, _, where = label.partition("@")
-        start, _, size = where.partition(":")
-        out.append((profile, int(start), int(size.split()[0]), label in (busy or set())))
-    return out
+def _slots_to_items(slots: list[MigSlot]) -> list[tuple[str, int, int, bool]]:
+    return [(s.profile, s.placement.start, s.placement.size, False) for s in slots]
 
 
 # --- plan / apply ----------------------------------------------------------------------------
 
 
 def _print_report(
-    report: ApplyReport, slices: dict[int, int], before: dict[int, list[str]]
+    report: ApplyReport, slices: dict[int, int], before: dict[int, list[MigSlot]]
 ) -> None:
     rows = []
     for g in report.gpus:
@@ -251,7 +246,7 @@ def _print_report(
                 g.model,
                 state,
                 str(len(g.kept)),
-                str(len(g.destroyed)),
+                str(len(g.destroyed) + len(g.half_made)),
                 str(len(g.created)),
             ]
         )
@@ -260,17 +255,18 @@ def _print_report(
         lines = []
         if g.mode_change:
             lines.append(f"  MIG mode: {g.mode_change}")
-        lines += [f"  - destroy {d}" for d in g.destroyed]
-        lines += [f"  + create  {c}" for c in g.created]
+        lines += [f"  - destroy {d.label}" for d in g.destroyed]
+        lines += [f"  - destroy {d.label} (half-made)" for d in g.half_made]
+        lines += [f"  + create  {c.label}" for c in g.created]
         lines += [f"  ! {g.reset_required}"] if g.reset_required else []
         lines += [f"  ! {e}" for e in g.errors]
         if not lines:
             continue
         sys.stdout.write(f"\nGPU {g.index} ({g.model})\n")
         sys.stdout.write("\n".join(lines) + "\n")
-        if g.index in slices and (g.destroyed or g.created):
-            for title, labels in (("before", before.get(g.index, [])), ("after", g.holds)):
-                head, body = slice_map(slices[g.index], _labels_to_items(labels))
+        if g.index in slices and (g.destroyed or g.half_made or g.created):
+            for title, slots in (("before", before.get(g.index, [])), ("after", g.holds)):
+                head, body = slice_map(slices[g.index], _slots_to_items(slots))
                 sys.stdout.write(f"  {'':<7}{head}\n  {title:<7}{body}\n")
     for e in report.errors:
         sys.stdout.write(f"\n{e}\n")
@@ -306,27 +302,23 @@ def _plan(
     """``plan`` for a resolved layout (also ``apply --dry-run``)."""
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, force)
-    del prepared  # validated; dry_run re-plans the same way
-    report = dry_run(node, cfg, name, force=force)
+    report = dry_run(prepared)
     before = _before(node, [g.index for g in report.gpus])
     if as_json:
         data = report.to_dict()
         for g in data["gpus"]:
-            g["before"] = before[g["index"]]
+            g["before"] = [slot.to_json() for slot in before[g["index"]]]
         emit_json(data)
     else:
         _print_report(report, _slices(node, report.gpus), before)
     raise typer.Exit(EXIT_OK if all(not g.errors for g in report.gpus) else EXIT_DRIFT)
 
 
-def _before(node: GpuNode, indices: list[int]) -> dict[int, list[str]]:
+def _before(node: GpuNode, indices: list[int]) -> dict[int, list[MigSlot]]:
     out = {}
     for i in indices:
         on = node.info(i).mig_enabled
-        out[i] = [
-            f"{g.profile}@{g.placement.start}:{g.placement.size}"
-            for g in (node.mig_instances(i) if on else ())
-        ]
+        out[i] = [g.slot for g in (node.mig_instances(i) if on else ())]
     return out
 
 
@@ -408,7 +400,8 @@ def apply(
         sys.stdout.write("This destroys:\n" + "".join(f"  {d}\n" for d in doomed))
         if not typer.confirm("Go ahead?", default=False):
             fail("cancelled; nothing was changed", "pass --yes to skip the question")
-    state = _mig_state_dir(mig_state, state_dir, node.simulated, choice.agent)
+    simulated = simulated_preset(simulate) is not None
+    state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
     try:
         report = execute(
             node, prepared, cfg, state_dir=state, force=force, allow_reset=allow_reset, hooks=hooks
@@ -440,22 +433,7 @@ def assert_(
     cfg, name = choice.cfg, choice.name
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, False)
-    diffs: list[str] = []
-    for w in prepared.work:
-        if w.current != w.target.mig_enabled:
-            diffs.append(
-                f"GPU {w.index}: MIG is {'on' if w.current else 'off'}, layout wants "
-                f"{'on' if w.target.mig_enabled else 'off'}"
-            )
-            continue
-        if w.pending != w.target.mig_enabled:
-            diffs.append(f"GPU {w.index}: a MIG mode change is pending (reset required)")
-        diffs += [f"GPU {w.index}: half-made instance {i.label}" for i in w.halfmade]
-        if w.plan is not None:
-            diffs += [f"GPU {w.index}: has {i.label}, not in the layout" for i in w.plan.destroy]
-            diffs += [f"GPU {w.index}: lacks {c.profile}" for c in w.plan.create]
-        elif w.error is not None:
-            diffs.append(f"GPU {w.index}: {w.error}")
+    diffs = differences(prepared)
     if as_json:
         emit_json({"config": name, "matches": not diffs, "differences": diffs})
     elif diffs:

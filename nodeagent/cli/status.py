@@ -26,7 +26,7 @@ from nodeagent.cli.common import (
 )
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import GpuState, NodeSnapshot
-from nodeagent.health.report import read_status
+from nodeagent.health.statefile import read_status
 
 GIB = 1024**3
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + clear screen (ANSI; every terminal nodeagent targets)

@@ -8,10 +8,8 @@
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,7 +73,7 @@ PolicyOption = Annotated[
 
 
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
-    from tiering.kube import Kube, api_client
+    from nodeagent_tiering.kube import Kube, api_client
 
     try:
         api = api_client(server=server, kubeconfig=kubeconfig, in_cluster=in_cluster)
@@ -88,7 +86,7 @@ def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> An
 
 
 def _policy(path: Path) -> Any:
-    from tiering.policy import load_policy
+    from nodeagent_tiering.policy import load_policy
 
     try:
         return load_policy(path)
@@ -136,58 +134,44 @@ def run_command(
     ] = None,
 ) -> None:
     """Assign tiers and drain unstable nodes within the disruption budget."""
-    from prometheus_client import start_http_server
-
-    from tiering.clock import SystemClock
-    from tiering.controller import Controller
-    from tiering.kube import KubeError, NodeCache
-    from tiering.leader import LeaderElector
+    from nodeagent_tiering import service as tiering
+    from nodeagent_tiering.kube import KubeError
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     policy = _policy(policy_file)
-    api, kube_cls = _client(server, kubeconfig, in_cluster)
-    kube = kube_cls(api, event_namespace=namespace)
-    cache = NodeCache(kube)
-    clock = SystemClock()
-    elector = None
-    if not dry_run:
-        elector = LeaderElector(
-            kube,
-            namespace=namespace,
-            name=lease_name,
-            identity=identity or socket.gethostname(),
-            clock=clock,
-        )
-    controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
+    api, _ = _client(server, kubeconfig, in_cluster)
+    service = tiering.build(
+        api,
+        policy,
+        namespace=namespace,
+        lease_name=lease_name,
+        identity=identity or socket.gethostname(),
+        dry_run=dry_run,
+    )
     if once:
         try:
-            cache.relist()
+            result = tiering.run_once(service)
         except KubeError as exc:
             fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
-        if elector is not None and not elector.try_acquire_or_renew():
+        except tiering.LeaseHeldError:
             fail(
                 f"another replica holds the lease {namespace}/{lease_name}",
                 "use --dry-run to see what would change, or stop the running service first",
             )
-        result = controller.reconcile_once()
-        if elector is not None:
-            elector.release()
-        for line in controller.dry_log.lines:
+        for line in service.controller.dry_log.lines:
             sys.stdout.write(f"would {line}\n")
         if not dry_run:
             sys.stdout.write(f"{len(result.actions)} actions\n")
         raise typer.Exit(EXIT_OK)
+    host, port = None, None
     if metrics_address:
-        host, _, port = metrics_address.rpartition(":")
-        if not port.isdigit():
+        host, _, raw_port = metrics_address.rpartition(":")
+        if not raw_port.isdigit():
             fail(f"--metrics-address {metrics_address!r} is not HOST:PORT", "e.g. 0.0.0.0:9402")
-        start_http_server(int(port), addr=host or "0.0.0.0", registry=controller.metrics.registry)  # noqa: S104
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    controller.run(stop)
+        port = int(raw_port)
+    tiering.serve(service, host, port)
 
 
 @app.command("report")
@@ -227,9 +211,9 @@ def report_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """The pool review per tier: health, drift, MIG layouts, fragmentation, drains."""
-    from tiering.kube import KubeError
-    from tiering.nodes import NodeView
-    from tiering.report import (
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.nodes import NodeView
+    from nodeagent_tiering.report import (
         TABLE_HEADERS,
         ReportError,
         build_review,
@@ -278,8 +262,8 @@ def reset_breaker_command(
     lease_name: LeaseOption = "nodeagent-tiering",
 ) -> None:
     """Close the circuit breaker; the leader resumes drains at its next renewal."""
-    from tiering.kube import KubeError
-    from tiering.leader import reset_breaker_on_lease
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.leader import reset_breaker_on_lease
 
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     try:

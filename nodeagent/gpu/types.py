@@ -56,6 +56,31 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class MigSlot:
+    """A MIG profile at a placement: what a layout, a plan and a report are made of.
+
+    The one label format (``3g.40gb@4:4``: profile, start slice, size) is for people; JSON
+    carries the fields (:meth:`to_json`).
+    """
+
+    profile: str  # e.g. "3g.40gb"
+    placement: Placement
+
+    @property
+    def label(self) -> str:
+        """``3g.40gb@4:4``: profile, start slice and size."""
+        return f"{self.profile}@{self.placement.start}:{self.placement.size}"
+
+    def to_json(self) -> dict[str, str | int]:
+        """``{"profile": "3g.40gb", "start": 4, "size": 4}``."""
+        return {
+            "profile": self.profile,
+            "start": self.placement.start,
+            "size": self.placement.size,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class MigProfile:
     """A GPU-instance profile as the device reports it.
 
@@ -129,6 +154,11 @@ class GpuInstance:
         """UUID of the instance's first MIG device, or ``None`` when it has no compute instance."""
         return self.compute_instances[0].uuid if self.compute_instances else None
 
+    @property
+    def slot(self) -> MigSlot:
+        """Its profile and placement."""
+        return MigSlot(self.profile, self.placement)
+
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
@@ -198,11 +228,34 @@ class NvLinkStatus:
     crc_flit_errors: int | None
 
 
+class ClockEventReason(enum.IntFlag):
+    """Why the GPU's clocks are where they are: NVML's ``nvmlClocksEventReason*`` bits.
+
+    Decoded once here; the exporter shows every member as a series, the health checks react to
+    the slowdowns. Bits a newer driver adds stay in the value (``IntFlag`` keeps unknown bits).
+    """
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS = 0x2  # clocks set by the applications-clocks setting
+    SW_POWER_CAP = 0x4  # the power cap (software) holds the clocks down
+    HW_SLOWDOWN = 0x8  # hardware slowdown: thermal, power brake or an external signal
+    SYNC_BOOST = 0x10  # clocks synchronised with other GPUs of a sync-boost group
+    SW_THERMAL_SLOWDOWN = 0x20  # the driver lowers clocks to stay under the thermal limit
+    HW_THERMAL_SLOWDOWN = 0x40  # the GPU itself slows down: it is too hot
+    HW_POWER_BRAKE_SLOWDOWN = 0x80  # an external power brake (the power supply) slows it
+    DISPLAY_CLOCKS = 0x100  # display clock settings
+
+    @property
+    def label(self) -> str:
+        """The reason's name as exported (``hw_slowdown``); only for single-bit members."""
+        return (self.name or "").lower()
+
+
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     """One sample of a GPU's moving values and health counters.
 
-    ``clock_event_reasons`` is NVML's bitmask (``nvmlClocksEventReason*``).
+    ``clock_event_reasons`` is NVML's bitmask, decoded (:class:`ClockEventReason`).
     """
 
     gpu_index: int
@@ -218,7 +271,7 @@ class Telemetry:
     energy_joules: float | None  # total since driver load
     sm_clock_hz: float | None
     memory_clock_hz: float | None
-    clock_event_reasons: int | None
+    clock_event_reasons: ClockEventReason | None
     ecc: EccCounts | None
     remapped_rows: RemappedRows | None
     retired_pages_sbe: int | None
@@ -255,7 +308,8 @@ class GpuState:
     """Everything sampled from one GPU in one pass; ``lost`` GPUs carry only ``info``.
 
     ``error`` says what went wrong: why a lost GPU is lost, why there is no telemetry, or which
-    readings failed (those are ``None`` in ``telemetry``, the rest were read).
+    readings failed (those are ``None`` in ``telemetry``, the rest were read). A lost GPU keeps
+    its last known MIG layout and geometry, so its MIG devices are reported lost, not dropped.
     """
 
     info: GpuInfo
@@ -263,6 +317,9 @@ class GpuState:
     mig_instances: tuple[GpuInstance, ...]
     lost: bool = False
     error: str | None = None
+    # The MIG rules of the GPU's model while MIG is enabled (None otherwise): what capacity and
+    # fragmentation are computed from, so no consumer has to ask NVML for it.
+    mig_geometry: MigGeometry | None = None
 
 
 @dataclass(frozen=True, slots=True)

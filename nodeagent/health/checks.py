@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nodeagent.config.health import HealthSection
-from nodeagent.gpu.types import GpuState, NodeSnapshot, Telemetry
-from nodeagent.health.source import HealthState
+from nodeagent.gpu.types import ClockEventReason, GpuState, NodeSnapshot, Telemetry
 from nodeagent.health.xids import Action
+from nodeagent.runtime.health import HealthState
 
-# nvmlClocksEventReason* bits that mean the hardware or driver slowed the GPU to protect itself
+# The clocks-event reasons that mean the hardware or driver slowed the GPU to protect itself
 # (the reference notes' list; idle, application clocks, SW power cap and sync boost are normal).
-CLOCK_EVENT_SLOWDOWNS: dict[int, str] = {
-    0x8: "hardware slowdown",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake slowdown",
+CLOCK_EVENT_SLOWDOWNS: dict[ClockEventReason, str] = {
+    ClockEventReason.HW_SLOWDOWN: "hardware slowdown",
+    ClockEventReason.SW_THERMAL_SLOWDOWN: "software thermal slowdown",
+    ClockEventReason.HW_THERMAL_SLOWDOWN: "hardware thermal slowdown",
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: "hardware power brake slowdown",
 }
 
 
@@ -212,7 +212,9 @@ class SnapshotChecks:
                 )
         if t.clock_event_reasons:
             slow = [
-                name for bit, name in CLOCK_EVENT_SLOWDOWNS.items() if t.clock_event_reasons & bit
+                name
+                for reason, name in CLOCK_EVENT_SLOWDOWNS.items()
+                if t.clock_event_reasons & reason
             ]
             if slow:
                 out.append(

@@ -1,28 +1,31 @@
 """The agent's health component: event thread, snapshot checks and the reporter.
 
-``build_component(ctx)`` creates the model at once and sets ``ctx.health``, so components built
-after it (device plugin, exporter) can subscribe before anything runs.
+The model is built first (:func:`build_model`), on its own, so that the wiring can hand it to
+the device plugin and the exporter as their health source before any component runs; the
+component (:func:`build`) then runs the event thread and the reporter around it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
+from collections.abc import Callable, Mapping
 
-from nodeagent.agent.component import AgentContext
-from nodeagent.agent.snapshots import SnapshotStore
 from nodeagent.config.kubernetes import KubernetesSection
+from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuLost
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.protocols import EventSource
 from nodeagent.health.model import HealthModel
-from nodeagent.health.report import history_path
 from nodeagent.health.reporter import Reporter
+from nodeagent.health.statefile import history_path
 from nodeagent.kube.node import NodePatcher, make_api
+from nodeagent.runtime.snapshots import SnapshotFeed
 
 log = logging.getLogger(__name__)
 
 EVENT_WAIT_S = 0.5  # how often the event thread looks at the stop flag
+
+Provider = Callable[[], Mapping[str, str]]
 
 
 class HealthComponent:
@@ -37,12 +40,12 @@ class HealthComponent:
     def __init__(
         self,
         model: HealthModel,
-        node: GpuNode,
-        snapshots: SnapshotStore,
+        events: EventSource,
+        snapshots: SnapshotFeed,
         reporter: Reporter,
     ) -> None:
         self.model = model
-        self.node = node
+        self.events = events
         self.snapshots = snapshots
         self.reporter = reporter
         self._ready = threading.Event()
@@ -55,7 +58,7 @@ class HealthComponent:
 
     def _watch_events(self, stop: threading.Event, opened: threading.Event) -> None:
         try:
-            watcher = self.node.watch_events()
+            watcher = self.events.watch_events()
         except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
             self._event_error = exc
             opened.set()
@@ -126,32 +129,40 @@ def make_patcher(section: KubernetesSection, node_name: str) -> NodePatcher | No
     return NodePatcher(node_name, make_api(section), request_timeout_s=section.request_timeout_s)
 
 
-def build_model(ctx: AgentContext) -> HealthModel:
-    """The health model for the agent's config, with its history in the state directory."""
+def build_model(config: AgentConfig) -> HealthModel | None:
+    """The health model, with its history in the state directory; None when health is off."""
+    if not config.health.enabled:
+        return None
     return HealthModel(
-        ctx.config.health,
-        expected_driver=ctx.config.pool.expected_driver_version,
-        history_path=history_path(Path(ctx.state_dir)),
+        config.health,
+        expected_driver=config.pool.expected_driver_version,
+        history_path=history_path(config.state_dir),
     )
 
 
-def build_component(ctx: AgentContext) -> HealthComponent | None:
-    """The health component, or None when ``health.enabled`` is false. Sets ``ctx.health``."""
-    cfg = ctx.config
-    if not cfg.health.enabled:
-        return None
-    model = build_model(ctx)
-    ctx.health = model
-    kube = cfg.kubernetes
+def build(
+    config: AgentConfig,
+    model: HealthModel,
+    events: EventSource,
+    snapshots: SnapshotFeed,
+    *,
+    labels: Provider | None = None,
+    annotations: Provider | None = None,
+) -> HealthComponent:
+    """The health component around ``model``.
+
+    ``labels`` and ``annotations`` are what the node carries besides the health flags (the
+    capability labels, the exporter's capacity annotations); the reporter publishes them too.
+    """
+    kube = config.kubernetes
     reporter = Reporter(
         model,
-        Path(ctx.state_dir),
-        cfg.node_name,
-        patcher=make_patcher(kube, cfg.node_name),
+        config.state_dir,
+        config.node_name,
+        patcher=make_patcher(kube, config.node_name),
         retry_initial_s=kube.retry_initial_s,
         retry_max_s=kube.retry_max_s,
-        # Read at report time: the agent and the exporter set these after this factory runs.
-        extra_labels=lambda: ctx.node_labels() if ctx.node_labels else {},
-        extra_annotations=lambda: ctx.node_annotations() if ctx.node_annotations else {},
+        extra_labels=labels,
+        extra_annotations=annotations,
     )
-    return HealthComponent(model, ctx.node, ctx.snapshots, reporter)
+    return HealthComponent(model, events, snapshots, reporter)

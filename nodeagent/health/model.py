@@ -34,8 +34,9 @@ from nodeagent.health.score import (
     StabilityScore,
     read_json,
 )
-from nodeagent.health.source import DeviceHealth, HealthState, HealthTransition
 from nodeagent.health.xids import Action, XidPolicy, strongest
+from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
+from nodeagent.runtime.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class NodeHealth:
 
 
 class HealthModel:
-    """Implements :class:`~nodeagent.health.source.HealthSource` over events and snapshots."""
+    """Implements :class:`~nodeagent.runtime.health.HealthSource` over events and snapshots."""
 
     def __init__(
         self,
@@ -169,8 +170,8 @@ class HealthModel:
         self._faults: dict[tuple[str, int | None, str], Fault] = {}
         self._gpus: dict[str, _Gpu] = {}
         self._health: dict[str, DeviceHealth] = {}
-        self._subscribers: list[TransitionCallback] = []
-        self._listeners: list[Callable[[], None]] = []
+        self._subscribers: Subscribers[HealthTransition] = Subscribers("health subscriber")
+        self._listeners: Subscribers[None] = Subscribers("health listener")
         self._driver_version: str | None = None
         self._events: Counter[str] = Counter()
         self._xids: Counter[tuple[str, int]] = Counter()
@@ -188,27 +189,11 @@ class HealthModel:
 
     def subscribe(self, callback: TransitionCallback) -> Callable[[], None]:
         """Call ``callback`` on every state transition, on the thread that caused it."""
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.add(callback)
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` after any change (state, reasons, faults): the reporter's hook."""
-        with self._lock:
-            self._listeners.append(callback)
-
-        def remove() -> None:
-            with self._lock:
-                if callback in self._listeners:
-                    self._listeners.remove(callback)
-
-        return remove
+        return self._listeners.add(lambda _: callback())
 
     # --- inputs --------------------------------------------------------------------------------
     def on_event(self, event: GpuEvent) -> None:
@@ -476,20 +461,9 @@ class HealthModel:
     def _deliver(self, changes: list[tuple[HealthTransition | None, bool]]) -> None:
         if not changes:
             return
-        with self._lock:
-            subscribers = list(self._subscribers)
-            listeners = list(self._listeners)
+        subscribers = self._subscribers.current()
         with self._deliver_lock:
             for transition, _ in changes:
-                if transition is None:
-                    continue
-                for callback in subscribers:
-                    try:
-                        callback(transition)
-                    except Exception:
-                        log.exception("health subscriber %r failed", callback)
-            for listener in listeners:
-                try:
-                    listener()
-                except Exception:
-                    log.exception("health listener %r failed", listener)
+                if transition is not None:
+                    self._subscribers.notify(transition, subscribers)
+            self._listeners.notify(None)

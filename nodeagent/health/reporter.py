@@ -15,22 +15,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from nodeagent import labels as lbl
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
-from nodeagent.health.report import node_reasons, write_status
 from nodeagent.health.score import StabilityLevel
-from nodeagent.health.source import HealthState
-from nodeagent.kube.node import (
-    ANNOTATION_REASONS,
-    ANNOTATION_SCORE,
-    LABEL_DRIVER,
-    LABEL_HEALTH,
-    LABEL_STABILITY,
-    KubeUnavailableError,
-    NodeFlags,
-    NodePatcher,
-    label_value,
-)
+from nodeagent.health.statefile import node_reasons, write_status
+from nodeagent.kube.node import KubeUnavailableError, NodeFlags, NodePatcher
+from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.health import HealthState
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +56,13 @@ def desired_flags(
         message = "all GPUs healthy"
     message += f"; stability {health.level.value}, score {health.score:.1f}"
     labels = dict(extra_labels or {})
-    labels[LABEL_HEALTH] = worst.value
-    labels[LABEL_STABILITY] = health.level.value
+    labels[lbl.GPU_HEALTH] = worst.value
+    labels[lbl.STABILITY] = health.level.value
     if health.driver_version:
-        labels[LABEL_DRIVER] = label_value(health.driver_version)
+        labels[lbl.DRIVER_VERSION] = lbl.label_value(health.driver_version)
     annotations = dict(extra_annotations or {})
-    annotations[ANNOTATION_SCORE] = f"{health.score:.1f}"
-    annotations[ANNOTATION_REASONS] = json.dumps(reasons)
+    annotations[lbl.STABILITY_SCORE_ANNOTATION] = f"{health.score:.1f}"
+    annotations[lbl.HEALTH_REASONS_ANNOTATION] = json.dumps(reasons)
     return NodeFlags(
         healthy=worst.schedulable,
         reason=_REASONS[worst],
@@ -100,16 +92,20 @@ class Reporter:
         self.state_dir = state_dir
         self.node_name = node_name
         self.patcher = patcher
-        self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
+        self._backoff = Backoff(retry_initial_s, retry_max_s)
         self.extra_labels = extra_labels
         self.extra_annotations = extra_annotations
         self.wake = threading.Event()
-        self.failures = 0  # consecutive failed patches
         self._retry_at = 0.0
         self._last_error: str | None = None
         self._last_status: tuple[object, ...] | None = None
         self._last_written = 0.0
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failed patches."""
+        return self._backoff.failures
 
     def report_once(self) -> float:
         """Write what changed; returns how long to wait before the next attempt (seconds)."""
@@ -142,8 +138,7 @@ class Reporter:
             )
             self.patcher.apply(flags)
         except KubeUnavailableError as exc:
-            self.failures += 1
-            delay = min(self.retry_initial_s * 2.0 ** (self.failures - 1), self.retry_max_s)
+            delay = self._backoff.fail()
             if str(exc) != self._last_error:  # log each distinct failure once
                 log.warning(
                     "cannot flag node %s (retrying, every %.1fs at most %.0fs): %s",
@@ -157,7 +152,7 @@ class Reporter:
             return delay
         if self.failures:
             log.info("API server reachable again; node %s flags caught up", self.node_name)
-        self.failures = 0
+        self._backoff.succeed()
         self._last_error = None
         return interval
 

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
 
 
 class XidCategory(enum.StrEnum):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,18 +17,13 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from nodeagent import labels
 from nodeagent.config.kubernetes import KubernetesSection
 
 log = logging.getLogger(__name__)
 
-PREFIX = "nodeagent.io/"
-CONDITION_TYPE = "GPUHealthy"
-LABEL_HEALTH = PREFIX + "gpu-health"
-LABEL_STABILITY = PREFIX + "stability"
-LABEL_DRIVER = PREFIX + "driver-version"
-ANNOTATION_SCORE = PREFIX + "stability-score"
-ANNOTATION_REASONS = PREFIX + "health-reasons"
-TAINT_KEY = PREFIX + "unstable"
+CONDITION_TYPE = labels.GPU_HEALTHY_CONDITION
+TAINT_KEY = labels.UNSTABLE_TAINT
 STRATEGIC = "application/strategic-merge-patch+json"
 _MAX_MESSAGE = 1024  # keep the condition message readable in `kubectl describe node`
 
@@ -48,12 +42,6 @@ class NodeFlags:
     labels: tuple[tuple[str, str], ...]
     annotations: tuple[tuple[str, str], ...]
     taint: bool  # whether the NoSchedule taint should be present
-
-
-def label_value(text: str) -> str:
-    """``text`` made a valid label value (63 chars of [A-Za-z0-9._-], alphanumeric ends)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:63]
-    return cleaned.strip("._-")
 
 
 def _now() -> str:

@@ -1,4 +1,7 @@
-"""What the test suite and the benchmarks share (as ``kopf.testing`` does for kopf's users).
+"""What the test suite and the benchmarks share, shipped with the package (as ``kopf.testing``).
 
-Nothing in the product imports this package.
+A fake clock, a polling helper, simulated-node shaping, a scripted health source, a test kubelet
+for the device plugin and the pod-resources API, an independent reference for preferred
+allocations, and a real Kubernetes control plane on loopback (:mod:`nodeagent.testing.kube`).
+Product code never imports this package (the import-linter contract says so).
 """

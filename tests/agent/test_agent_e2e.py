@@ -19,7 +19,7 @@ import pytest
 from nodeagent.agent.daemon import Agent
 from nodeagent.config.schema import load_agent_config
 from nodeagent.sim.control import SimControl
-from tests.device_plugin.kubelet import TestKubelet
+from nodeagent.testing.kubelet import TestKubelet
 from tests.support.kubeapi import KubeAPIServer
 
 NODE = "gpu-node-1"

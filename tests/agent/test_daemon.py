@@ -34,18 +34,18 @@ def test_sampler_publishes_snapshots_and_reload_keeps_a_good_config(make_node, t
     agent.start()
     try:
         assert agent.wait_ready(5)
-        first = agent.ctx.snapshots.generation
-        snapshot = agent.ctx.snapshots.wait_newer(first, timeout_s=5)
+        first = agent.snapshots.generation
+        snapshot = agent.snapshots.wait_newer(first, timeout_s=5)
         assert snapshot is not None
         assert len(snapshot.gpus) == 8
 
         path.write_text(path.read_text().replace("interval_s: 0.05", "interval_s: 0.2"))
         assert agent.reload()
-        assert agent.ctx.config.sampler.interval_s == 0.2
+        assert agent.config.sampler.interval_s == 0.2
 
         path.write_text("version: v1\nsampler: {interval: 1}\n")  # broken: unknown field
         assert not agent.reload()
-        assert agent.ctx.config.sampler.interval_s == 0.2  # the running config stays
+        assert agent.config.sampler.interval_s == 0.2  # the running config stays
     finally:
         assert agent.shutdown() == 0
 
@@ -117,8 +117,7 @@ def test_alive_turns_false_when_sampling_wedges(make_node, tmp_path: Path) -> No
     release = threading.Event()
     try:
         assert agent.wait_ready(5)
-        assert agent.ctx.alive is not None
-        assert agent.ctx.alive()
+        assert agent.alive()
         # NVML hangs: the sampler's next call never returns, its thread stays alive.
         real_snapshot = node.snapshot
         wedged = threading.Event()
@@ -130,10 +129,10 @@ def test_alive_turns_false_when_sampling_wedges(make_node, tmp_path: Path) -> No
 
         node.snapshot = hang
         assert wedged.wait(5)
-        latest = agent.ctx.snapshots.latest
+        latest = agent.snapshots.latest
         assert latest is not None
         # Time passes: the newest snapshot is now 30 s old.
-        agent.ctx.snapshots.publish(dataclasses.replace(latest, timestamp_s=time.time() - 30))
+        agent.snapshots.publish(dataclasses.replace(latest, timestamp_s=time.time() - 30))
         assert agent.supervisor.alive()  # every thread still runs...
         assert not agent.alive()  # ...but the agent is wedged
     finally:

@@ -79,11 +79,10 @@ def test_installs_with_the_tested_command() -> None:
     assert f"-m venv {venv}" in runs
     assert f"{venv}/bin/pip install --no-cache-dir ." in runs
     copied = " ".join(a for w, a in instructions() if w == "COPY")
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"
-    ]["find"]["include"]
-    for pattern in packages:
-        assert f"{pattern.rstrip('*')}/" in copied, f"{pattern} is not copied into the build stage"
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"nodeagent", *setuptools["package-dir"].values()}
+    for folder in folders:
+        assert f"{folder}/" in copied, f"{folder}/ is not copied into the build stage"
 
 
 def test_runtime_user_labels_healthcheck_and_entrypoint() -> None:
@@ -105,10 +104,10 @@ def test_runtime_user_labels_healthcheck_and_entrypoint() -> None:
 
 @pytest.mark.parametrize("overlay", ["plugin-exporter", "exporter-only"])
 def test_daemonset_uses_this_image_version(overlay: str) -> None:
-    from tests.deploy import render
+    from tests.deploy.tools import KUSTOMIZE_DIR, kustomize
 
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    objects = render.render(render.KUSTOMIZE_DIR / "overlays" / overlay)
+    objects = kustomize(KUSTOMIZE_DIR / "overlays" / overlay)
     (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
     (c,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert c["image"] == f"nodeagent:{version}"

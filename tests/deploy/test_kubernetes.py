@@ -17,8 +17,15 @@ import yaml
 
 from nodeagent.config.loader import deep_merge, env_overrides
 from nodeagent.config.schema import AgentConfig, load_agent_config
-from tests.deploy import render
-from tests.deploy.tools import require_module, require_tool
+from nodeagent_exporters import rules
+from tests.deploy.tools import (
+    KUSTOMIZE_DIR,
+    REPO,
+    kustomize,
+    object_key,
+    require_module,
+    require_tool,
+)
 
 # The Kubernetes version whose schemas every manifest must satisfy (kubernetes-validate ships
 # 1.25 to 1.37; 1.35 is the newest minor most managed clusters offer).
@@ -29,7 +36,7 @@ DURATION = re.compile(r"^(0|(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$
 
 
 def overlay_dir(name: str) -> Path:
-    return render.KUSTOMIZE_DIR / "overlays" / name
+    return KUSTOMIZE_DIR / "overlays" / name
 
 
 @pytest.fixture(params=[pytest.param(o, id=o) for o in OVERLAYS], scope="module")
@@ -39,7 +46,7 @@ def overlay(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def objects(overlay: str) -> dict[tuple[str, str, str], dict[str, Any]]:
-    return {render.object_key(o): o for o in render.render(overlay_dir(overlay))}
+    return {object_key(o): o for o in kustomize(overlay_dir(overlay))}
 
 
 def one(objects: dict[tuple[str, str, str], dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -83,38 +90,6 @@ def test_validation_rejects_an_unknown_field(objects: dict[Any, dict[str, Any]])
         validate(daemonset)
 
 
-def test_renderer_matches_kubectl_kustomize(
-    overlay: str, objects: dict[Any, dict[str, Any]]
-) -> None:
-    kubectl = require_tool("kubectl", ci_required=False)
-    result = subprocess.run(
-        [kubectl, "kustomize", str(overlay_dir(overlay))],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if result.returncode != 0 and "unknown command" in result.stderr:
-        pytest.skip("this kubectl has no kustomize")
-    assert result.returncode == 0, result.stderr
-    theirs = {render.object_key(o): o for o in yaml.safe_load_all(result.stdout) if o}
-    assert theirs.keys() == objects.keys()
-    for key, obj in objects.items():
-        assert normalise(theirs[key]) == normalise(obj), key
-
-
-def normalise(value: Any, field: str = "") -> Any:
-    """Order lists that Kubernetes merges by key, so the renderers' append order doesn't matter."""
-    if isinstance(value, dict):
-        return {k: normalise(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        items = [normalise(v, field) for v in value]
-        key = render.MERGE_KEYS.get(field)
-        if key and all(isinstance(i, dict) for i in items):
-            items.sort(key=lambda i: str(i.get(key)))
-        return items
-    return value
-
-
 # --- what the DaemonSet runs -------------------------------------------------------------------
 
 
@@ -146,7 +121,7 @@ def agent_config(objects: dict[Any, dict[str, Any]]) -> AgentConfig:
     ],
 )
 def test_overlay_turns_features_on_and_off(overlay_name: str, plugin: bool, mig: bool) -> None:
-    objects = {render.object_key(o): o for o in render.render(overlay_dir(overlay_name))}
+    objects = {object_key(o): o for o in kustomize(overlay_dir(overlay_name))}
     config = agent_config(objects)
     assert config.device_plugin.enabled is plugin
     assert config.mig.enabled is mig
@@ -341,9 +316,9 @@ def test_servicemonitor_structure(objects: dict[Any, dict[str, Any]]) -> None:
 
 
 def test_prometheusrule_is_generated_from_the_rule_files() -> None:
-    assert render.PROMETHEUS_RULE.read_text() == render.prometheus_rule_text(), (
-        "deploy/kubernetes/base/prometheusrule.yaml is stale: run "
-        "`python tests/deploy/render.py --write-prometheusrule`"
+    shipped = REPO / rules.PROMETHEUS_RULE
+    assert shipped.read_text() == rules.prometheus_rule_text(REPO / rules.RULES_DIR), (
+        f"{rules.PROMETHEUS_RULE} is stale: run `make rules`"
     )
 
 

@@ -22,12 +22,12 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli import install as install_cli
-from nodeagent.cli.install import UNIT_FILES, Layout, find_source_dir, install
 from nodeagent.config.schema import load_agent_config
+from nodeagent.installer import UNIT_FILES, Layout, find_source_dir, install
+from nodeagent.testing.kubelet import TestKubelet
 from tests.deploy.notify import NotifyListener, free_port
 from tests.deploy.tools import require_tool
 from tests.deploy.units import environment, exec_start, parse_unit, seconds, unit_with_dropins
-from tests.device_plugin.kubelet import TestKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = Path(sys.executable).parent / "nodeagent"

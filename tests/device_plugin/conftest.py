@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from device_plugin.manager import PluginManager
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import ScriptedHealth, enable_mig
+from nodeagent.testing.health import ScriptedHealth
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.nodes import enable_mig
+from nodeagent_device_plugin.manager import PluginManager
 
 HERE = Path(__file__).parent
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
 
 TS2 = {"mode": "time-slicing", "replicas": 2}
 

@@ -6,26 +6,23 @@ import threading
 
 import pytest
 
-from device_plugin.component import build_component
-from device_plugin.resources import ResourceError
-from nodeagent.agent.component import AgentContext
+from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.nodes import enable_mig
+from nodeagent_device_plugin.component import build
+from nodeagent_device_plugin.resources import ResourceError
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import enable_mig
 
 
-def test_disabled_in_config_builds_nothing(make_node, tmp_path) -> None:
-    ctx = AgentContext(
-        make_config({"device_plugin": {"enabled": False}}), make_node("t4"), tmp_path
-    )
-    assert build_component(ctx) is None
+def test_disabled_in_config_builds_nothing() -> None:
+    assert build(make_config({"device_plugin": {"enabled": False}}), SnapshotStore(), None) is None
 
 
 def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_dir) -> None:
     node = make_node("a30x4")
     kubelet_dir = {"device_plugin": {"kubelet_dir": str(short_dir / "kubelet")}}
-    ctx = AgentContext(make_config(kubelet_dir), node, short_dir / "state")
-    component = build_component(ctx)
+    snapshots = SnapshotStore()
+    component = build(make_config(kubelet_dir), snapshots, None)
     assert component is not None
     assert component.name == "device-plugin"
     kubelet = TestKubelet(short_dir / "kubelet")
@@ -35,7 +32,7 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
     thread.start()
     try:
         assert not component.ready  # no snapshot yet
-        ctx.snapshots.publish(node.snapshot())
+        snapshots.publish(node.snapshot())
         kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 4)
         assert kubelet.wait(lambda: component.ready)
         component.reload(
@@ -51,7 +48,7 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
         )
         kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
         enable_mig(node, {0: ["4g.24gb"]})  # a MIG change arrives through the next snapshot
-        ctx.snapshots.publish(node.snapshot())
+        snapshots.publish(node.snapshot())
         kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 6)
         kubelet.wait_devices("nvidia.com/mig-4g.24gb", lambda d: len(d) == 2)
     finally:
@@ -64,15 +61,12 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
 def test_strategy_violation_crashes_when_fail_on_init_error(make_node, short_dir) -> None:
     node = make_node("a30x4")
     enable_mig(node, {0: ["4g.24gb"]})
-    ctx = AgentContext(
-        make_config(
-            {"device_plugin": {"mig_strategy": "single", "kubelet_dir": str(short_dir / "kubelet")}}
-        ),
-        node,
-        short_dir,
+    config = make_config(
+        {"device_plugin": {"mig_strategy": "single", "kubelet_dir": str(short_dir / "kubelet")}}
     )
-    ctx.snapshots.publish(node.snapshot())
-    component = build_component(ctx)
+    snapshots = SnapshotStore()
+    snapshots.publish(node.snapshot())
+    component = build(config, snapshots, None)
     assert component is not None
     with pytest.raises(ResourceError, match="same MIG mode"):
         component.run(threading.Event())

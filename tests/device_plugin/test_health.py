@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from device_plugin.health import HealthTracker
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
-from tests.support.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
+from nodeagent_device_plugin.health import HealthTracker
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
 

@@ -7,10 +7,10 @@ import random
 import grpc
 import pytest
 
-from device_plugin.allocation import ScoreTable, pair_score, preferred_gpus
 from nodeagent.gpu.types import Link, LinkKind
 from nodeagent.sim.presets import PRESETS, preset_names
-from tests.device_plugin.optimum import Reference
+from nodeagent.testing.optimum import Reference
+from nodeagent_device_plugin.preferred import ScoreTable, pair_score, preferred_gpus
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Every MIG strategy x sharing mode on every preset, as the test kubelet sees it.
 
 The expected resources are derived here from the simulator's snapshot (GPU and MIG UUIDs, NUMA
-nodes) by NVIDIA's rules, written out independently of ``device_plugin.resources``:
+nodes) by NVIDIA's rules, written out independently of ``nodeagent_device_plugin.resources``:
 
 - ``none``: every GPU is ``nvidia.com/gpu``, MIG-enabled GPUs as whole GPUs;
 - ``mixed``: MIG devices are ``nvidia.com/mig-<profile>``, GPUs without MIG stay ``nvidia.com/gpu``;
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from nodeagent.gpu.types import NodeSnapshot
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
 
 # (small profile, whole-GPU profile) of each MIG preset.
 MIG_PRESETS = {

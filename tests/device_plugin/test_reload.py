@@ -48,7 +48,7 @@ def test_vanished_resource_is_advertised_empty_before_it_stops(run_plugin) -> No
 
 
 def test_mig_layout_change_swaps_resources(run_plugin) -> None:
-    from tests.device_plugin.support import enable_mig
+    from nodeagent.testing.nodes import enable_mig
 
     plugin = run_plugin("a30x4", config={"device_plugin": {"mig_strategy": "mixed"}})
     kubelet = plugin.kubelet

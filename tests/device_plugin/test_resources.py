@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from device_plugin.resources import ResourceError, build_resources
+from nodeagent.testing.nodes import enable_mig
+from nodeagent_device_plugin.resources import ResourceError, build_resources
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.support import enable_mig
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
 

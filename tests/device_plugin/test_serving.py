@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from device_plugin.api.v1beta1 import api_pb2
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
 
 
 def test_registers_every_resource_and_advertises_gpus_with_numa(run_plugin) -> None:

@@ -11,12 +11,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.types import (
+    ClockEventReason,
     ComputeInstance,
     EccCounts,
     GpuInfo,
@@ -70,7 +69,7 @@ def telemetry(index: int, **overrides: object) -> Telemetry:
         energy_joules=123456.0,
         sm_clock_hz=1.98e9,
         memory_clock_hz=2.619e9,
-        clock_event_reasons=0x1,
+        clock_event_reasons=ClockEventReason.GPU_IDLE,
         ecc=EccCounts(1, 0, 5, 0),
         remapped_rows=RemappedRows(0, 0, pending=False, failure=False),
         retired_pages_sbe=None,
@@ -117,7 +116,12 @@ def gpu_state(
     if lost:
         return GpuState(info, None, (), lost=True, error="GPU is lost")
     procs = tuple(ProcessInfo(100 + p, GIB, None, None) for p in range(processes))
-    return GpuState(info, telemetry(index, processes=procs, **tele), tuple(mig or ()))
+    return GpuState(
+        info,
+        telemetry(index, processes=procs, **tele),
+        tuple(mig or ()),
+        mig_geometry=H100_GEOMETRY if mig is not None else None,
+    )
 
 
 def snapshot(gpus: Sequence[GpuState], *, nvlink: bool = True, **kw: object) -> NodeSnapshot:
@@ -156,33 +160,3 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     hits = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls)]
     assert len(hits) <= 1, f"{name}{labels} matches {len(hits)} samples"
     return hits[0] if hits else None
-
-
-class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
-    """Answers List and GetAllocatableResources from plain data and counts the calls."""
-
-    def __init__(self) -> None:
-        self.pods: list[tuple[str, str, str, str, list[str]]] = []  # pod, ns, ctr, res, ids
-        self.allocatable: dict[str, list[str]] = {}
-        self.list_calls = 0
-        self.fail = False
-        self.allocatable_unimplemented = False
-
-    def List(self, request, context):
-        self.list_calls += 1
-        if self.fail:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet restarting")
-        out = api_pb2.ListPodResourcesResponse()
-        for pod, ns, ctr, res, ids in self.pods:
-            pr = out.pod_resources.add(name=pod, namespace=ns)
-            cr = pr.containers.add(name=ctr)
-            cr.devices.add(resource_name=res, device_ids=ids)
-        return out
-
-    def GetAllocatableResources(self, request, context):
-        if self.allocatable_unimplemented:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "old kubelet")
-        out = api_pb2.AllocatableResourcesResponse()
-        for res, ids in self.allocatable.items():
-            out.devices.add(resource_name=res, device_ids=ids)
-        return out

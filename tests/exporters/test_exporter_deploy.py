@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters.catalog import CATALOG
+from nodeagent_exporters.catalog import CATALOG
 
 ROOT = Path(__file__).parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "nodeagent-rules.yaml"

@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-import exporters
-from device_plugin import component as device_plugin_component
-from exporters.component import MetricsExporter
-from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
-from nodeagent.health.source import HealthState
+from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.testing.health import ScriptedHealth
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.waiting import wait_until
+from nodeagent_device_plugin import component as device_plugin_component
+from nodeagent_exporters import component as exporters_component
+from nodeagent_exporters.component import MetricsExporter
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.device_plugin.support import ScriptedHealth
 from tests.exporters.exporter_factories import Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
-from tests.support.waiting import wait_until
 
 GPU = "nvidia.com/gpu"
 
@@ -57,19 +57,17 @@ def test_advertised_comes_from_the_plugin_without_pod_resources(
             "pools": {"default": {"gpu_sharing": {"3": {"mode": "time-slicing", "replicas": 4}}}},
         }
     )
-    ctx = AgentContext(config, node, short_dir / "state")
+    snapshots = SnapshotStore()
     health = ScriptedHealth()
-    ctx.health = health
-    # The agent's order: the device plugin's factory runs first and publishes ctx.advertised.
-    plugin = device_plugin_component.build_component(ctx)
-    exporter = exporters.build_component(ctx)
+    # The wiring's order: the device plugin first, then the exporter reading what it advertises.
+    plugin = device_plugin_component.build(config, snapshots, health)
     assert plugin is not None
+    exporter = exporters_component.build(config, snapshots, health=health, devices=plugin)
     assert isinstance(exporter, MetricsExporter)
-    assert ctx.advertised == plugin.advertised
     kubelet = TestKubelet(short_dir / "kubelet")
     if with_kubelet:
         kubelet.start()
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
     stop = threading.Event()
     threads = [
         threading.Thread(target=c.run, args=(stop,), daemon=True) for c in (plugin, exporter)

@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from exporters.podresources import MIN_INTERVAL_S, PodResourcesPoller, strip_replica
-from tests.exporters.exporter_factories import FakeKubelet
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
+from nodeagent.testing.podresources import FakeKubelet
+from nodeagent_exporters.podresources import MIN_INTERVAL_S, PodResourcesPoller, strip_replica
 
 
 @pytest.fixture

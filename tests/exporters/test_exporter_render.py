@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from exporters.catalog import CATALOG, markdown
-from exporters.podresources import Allocations, PodDevice
-from exporters.render import Rendered, Renderer, Sources, age_lines
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import NodeSnapshot, RemappedRows
-from nodeagent.health.source import DeviceHealth, HealthState
+from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
+from nodeagent.runtime.health import DeviceHealth, HealthState
+from nodeagent_exporters.catalog import CATALOG, markdown
+from nodeagent_exporters.podresources import Allocations, PodDevice
+from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
 from tests.exporters.exporter_factories import (
-    H100_GEOMETRY,
     gpu_state,
     gpu_uuid,
     instance,
@@ -66,7 +65,6 @@ def render(
 ) -> dict:
     renderer = Renderer(
         Sources(
-            geometry=lambda _i: H100_GEOMETRY,
             policy=lambda: policy or PoolPolicy(),
             health=lambda: health,
             allocations=lambda: allocations,
@@ -124,7 +122,6 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
     snap, health, allocations = full_node()
     renderer = Renderer(
         Sources(
-            geometry=lambda _i: H100_GEOMETRY,
             policy=lambda: PoolPolicy(expected_driver_version="570.124.06"),
             health=lambda: health,
             allocations=lambda: allocations,
@@ -139,7 +136,9 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
     assert emitted - documented == set(), "emitted but not in docs/metrics.md"
     # The full node exercises every family, so a cataloged family that never appears is dead.
     assert set(CATALOG) - emitted == set(), "cataloged but never emitted"
-    assert DOC.read_text() == markdown(), "docs/metrics.md is stale: python -m exporters.catalog"
+    assert DOC.read_text() == markdown(), (
+        "docs/metrics.md is stale: python -m nodeagent_exporters.catalog"
+    )
 
 
 def test_labels_match_the_catalog() -> None:
@@ -183,7 +182,7 @@ def test_driver_drift(expected: str | None, drift: float) -> None:
     ],
 )
 def test_clock_event_reasons_one_series_each(mask: int, active: set[str]) -> None:
-    samples = render(snapshot([gpu_state(0, clock_event_reasons=mask)]))
+    samples = render(snapshot([gpu_state(0, clock_event_reasons=ClockEventReason(mask))]))
     series = {
         dict(ls)["reason"]: v
         for (n, ls), v in samples.items()
@@ -421,7 +420,7 @@ def test_device_plugin_counts_tell_unknown_from_zero(
 
 
 def test_nvml_errors_accumulate_across_snapshots() -> None:
-    renderer = Renderer(Sources(geometry=lambda _i: None, policy=PoolPolicy))
+    renderer = Renderer(Sources(policy=PoolPolicy))
     snap = snapshot([gpu_state(0)], nvml_errors={"nvmlDeviceGetPowerUsage": 2})
     renderer.render(snap)
     second = parse_samples(renderer.render(snap).body.decode())
@@ -447,7 +446,7 @@ def test_family_cache_output_equals_a_fresh_render() -> None:
         return [line for line in body.splitlines() if b"render_duration" not in line]
 
     def renderer() -> Renderer:
-        return Renderer(Sources(geometry=lambda _i: H100_GEOMETRY, policy=PoolPolicy))
+        return Renderer(Sources(policy=PoolPolicy))
 
     before = snapshot([gpu_state(0, mig=[instance(0, 1, "3g.40gb", 0, 4)]), gpu_state(1)])
     after = snapshot([gpu_state(0, mig=[]), gpu_state(1, temperature_celsius=77.0), gpu_state(2)])

@@ -13,18 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from exporters import build_component
-from exporters.component import MetricsExporter
-from exporters.render import Rendered
-from exporters.server import MetricsServer, TlsFiles, parse_address
-from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.waiting import wait_until
+from nodeagent_exporters.component import MetricsExporter, build
+from nodeagent_exporters.render import Rendered
+from nodeagent_exporters.server import MetricsServer, TlsFiles, parse_address
 from tests.exporters.exporter_factories import parse_samples, value
-from tests.support.waiting import wait_until
 
 BODY = b"# HELP x y\n# TYPE x gauge\nx 1.0\n"
 
@@ -194,10 +193,9 @@ def test_config_validation(fields: dict, message: str) -> None:
         MetricsSection(**fields)
 
 
-def test_disabled_builds_nothing(make_node: Callable[..., GpuNode], tmp_path: Path) -> None:
+def test_disabled_builds_nothing() -> None:
     config = AgentConfig(metrics=MetricsSection(enabled=False))
-    ctx = AgentContext(config=config, node=make_node("t4"), state_dir=tmp_path)
-    assert build_component(ctx) is None
+    assert build(config, SnapshotStore()) is None
 
 
 def test_component_renders_each_snapshot_once_and_serves_it(
@@ -205,10 +203,14 @@ def test_component_renders_each_snapshot_once_and_serves_it(
 ) -> None:
     node = make_node("dgx-h100")
     config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:0", pod_attribution=False))
-    ctx = AgentContext(config=config, node=node, state_dir=tmp_path)
-    exporter = build_component(ctx)
+    snapshots = SnapshotStore()
+    others_ready = threading.Event()
+    others_ready.set()
+    exporter = build(
+        config, snapshots, ready_check=lambda: others_ready.is_set() and exporter.ready
+    )
     assert isinstance(exporter, MetricsExporter)
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
     stop = threading.Event()
     thread = threading.Thread(target=exporter.run, args=(stop,))
     thread.start()
@@ -228,7 +230,7 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         assert wait_until(lambda: exporter.renderer.renders == renders + 1)
         after = parse_samples(get(port, "/metrics")[2].decode())
         assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
-        exporter.ctx.all_ready = lambda: False  # another component not ready yet
+        others_ready.clear()  # another component of the agent is not ready yet
         assert get(port, "/readyz")[0] == 503
     finally:
         stop.set()

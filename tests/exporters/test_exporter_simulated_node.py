@@ -18,25 +18,26 @@ from pathlib import Path
 import grpc
 import pytest
 
-import exporters
-from device_plugin import component as device_plugin_component
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from exporters.catalog import CATALOG
-from exporters.component import MetricsExporter
-from mig.apply import reconcile
-from mig.config import parse_config
-from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.kubelet import TestKubelet
+from nodeagent.testing.podresources import FakeKubelet
+from nodeagent.testing.waiting import wait_until
+from nodeagent_device_plugin import component as device_plugin_component
+from nodeagent_exporters import component as exporters_component
+from nodeagent_exporters.catalog import CATALOG
+from nodeagent_exporters.component import MetricsExporter
+from nodeagent_mig.apply import reconcile
+from nodeagent_mig.config import parse_config
 from tests.device_plugin.conftest import make_config
-from tests.device_plugin.kubelet import TestKubelet
-from tests.exporters.exporter_factories import FakeKubelet, Samples, parse_samples, value
+from tests.exporters.exporter_factories import Samples, parse_samples, value
 from tests.exporters.test_exporter_server import get
-from tests.support.waiting import wait_until
 
 # Families that cannot appear on this hardware, and why. Anything else missing is a failure.
 ABSENT_ON_H100 = {
@@ -113,19 +114,23 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             "pools": {"default": {"expected_driver_version": snapshot.driver_version}},
         }
     )
-    ctx = AgentContext(config, node, short_dir / "state")
-    # The agent's factory order: health sets ctx.health, then the plugin, then the exporter.
-    health = health_component.build_component(ctx)
-    plugin = device_plugin_component.build_component(ctx)
-    exporter = exporters.build_component(ctx)
-    assert health is not None
+    snapshots = SnapshotStore()
+    restarts: dict[str, int] = {}
+    # The wiring's order: the health model, the plugin, the exporter, then health around it.
+    model = health_component.build_model(config)
+    assert model is not None
+    plugin = device_plugin_component.build(config, snapshots, model)
     assert plugin is not None
+    exporter = exporters_component.build(
+        config, snapshots, health=model, devices=plugin, restarts=restarts
+    )
     assert isinstance(exporter, MetricsExporter)
+    health = health_component.build(config, model, node, snapshots)
     kubelet = TestKubelet(short_dir / "kubelet")
     kubelet.start()
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=1.0))
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
     # Run as the agent does: under the supervisor, which counts restarts for the exporter.
-    supervisor = Supervisor(ctx.restarts)
+    supervisor = Supervisor(restarts)
     for component in (health, plugin, exporter):
         supervisor.start(component)
     try:

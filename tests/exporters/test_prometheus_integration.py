@@ -23,18 +23,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.api.podresources.v1 import api_pb2_grpc
-from exporters.component import MetricsExporter, build_component
-from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
-from nodeagent.health.component import build_component as build_health
+from nodeagent.health import component as health_component
+from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
-from tests.exporters.exporter_factories import FakeKubelet
-from tests.support.sim_nodes import split_into
+from nodeagent.testing.nodes import split_into
+from nodeagent.testing.podresources import FakeKubelet
+from nodeagent_exporters.component import MetricsExporter, build
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -135,20 +135,21 @@ def agent(
 
     config = AgentConfig(
         node=NodeSection(pool="train"),
+        state_dir=tmp_path / "state",
         metrics=MetricsSection(
             address="127.0.0.1:0", pod_resources_socket=socket_path, pod_resources_interval_s=1
         ),
         pools={"train": PoolPolicy(expected_driver_version="570.124.06")},
     )
-    ctx = AgentContext(config=config, node=node, state_dir=tmp_path / "state")
+    snapshots = SnapshotStore()
     # The real health model, built first as in the agent, so XIDs and stability reach the exporter
-    # through ctx.health exactly as in production.
-    health = build_health(ctx)
-    assert health is not None
-    assert ctx.health is not None
-    exporter = build_component(ctx)
+    # exactly as in production.
+    model = health_component.build_model(config)
+    assert model is not None
+    exporter = build(config, snapshots, health=model)
     assert isinstance(exporter, MetricsExporter)
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=0.5))
+    health = health_component.build(config, model, node, snapshots)
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=0.5))
     stop = threading.Event()
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, health, exporter)]
     for t in threads:

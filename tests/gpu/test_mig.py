@@ -241,7 +241,7 @@ def test_change_made_in_another_process_is_visible(
     script = textwrap.dedent(
         f"""
         from pathlib import Path
-        from nodeagent.gpu.node import open_node
+        from nodeagent.agent.backend import open_node
         from nodeagent.gpu.types import Placement
         with open_node("dgx-h100", Path({str(sim_state_dir)!r})) as node:
             print(node.create_gpu_instance(0, "3g.40gb", Placement(0, 4)).uuid)

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.errors import DriverNotLoaded
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,9 @@ import json
 import sys
 from typing import Any
 
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 
 
 def collect(node: GpuNode) -> dict[str, Any]:

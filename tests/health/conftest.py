@@ -13,9 +13,9 @@ from nodeagent.config.health import HealthSection
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.node import EventWatcher, GpuNode
 from nodeagent.health.model import HealthModel
-from nodeagent.health.source import HealthTransition
+from nodeagent.runtime.health import HealthTransition
 from nodeagent.sim.control import SimControl
-from tests.support.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
 
 
 @dataclasses.dataclass

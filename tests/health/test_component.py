@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nodeagent.agent.component import AgentContext
 from nodeagent.agent.sampler import Sampler
 from nodeagent.cli.health import app
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
-from nodeagent.health.component import build_component
+from nodeagent.health import component as health
 from nodeagent.health.model import HealthModel
-from nodeagent.health.source import HealthState, HealthTransition
+from nodeagent.runtime.health import HealthState, HealthTransition
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from tests.support.kubeapi import KubeAPIServer, make_node
 
@@ -51,9 +51,7 @@ def _config(tmp_path: Path, api_url: str | None, **health: object) -> AgentConfi
 
 
 def test_disabled_health_builds_nothing(make_node: Callable[..., GpuNode], tmp_path: Path) -> None:
-    ctx = AgentContext(_config(tmp_path, None, enabled=False), make_node("t4"), tmp_path)
-    assert build_component(ctx) is None
-    assert ctx.health is None
+    assert health.build_model(_config(tmp_path, None, enabled=False)) is None
 
 
 def test_agent_flags_an_injected_xid(
@@ -64,14 +62,14 @@ def test_agent_flags_an_injected_xid(
 ) -> None:
     node = make_node("dgx-h100")
     cfg = _config(tmp_path, api_server.url)
-    ctx = AgentContext(cfg, node, cfg.state_dir)
-    component = build_component(ctx)
-    assert component is not None
+    snapshots = SnapshotStore()
+    model = health.build_model(cfg)
+    assert isinstance(model, HealthModel)  # built on its own, before any component runs
+    component = health.build(cfg, model, node, snapshots)
     assert component.name == "health"
-    assert isinstance(ctx.health, HealthModel)  # set in the factory, before run
     seen: list[HealthTransition] = []
-    ctx.health.subscribe(seen.append)
-    sampler = Sampler(node, ctx.snapshots, SamplerSection(interval_s=0.05))
+    model.subscribe(seen.append)
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=0.05))
     stop = threading.Event()
     threads = [
         threading.Thread(target=sampler.run, args=(stop,), daemon=True),

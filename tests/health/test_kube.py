@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.health.report import read_status
 from nodeagent.health.reporter import Reporter
+from nodeagent.health.statefile import read_status
 from nodeagent.kube.node import NodePatcher, make_api
 from tests.health.conftest import MakeRig, Rig
 from tests.support.kubeapi import KubeAPIServer, make_node

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.health.source import HealthState
 from nodeagent.health.xids import CATALOG, Action, XidCategory, XidPolicy, strongest
+from nodeagent.runtime.health import HealthState
 
 H = HealthState
 C = XidCategory

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.gpu.node import open_node
+from nodeagent.agent.backend import open_node
 from nodeagent.gpu.types import MigGeometry
 
 # Simulator preset standing for each MIG model. The simulator's tables are checked against the

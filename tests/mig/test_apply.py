@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -15,12 +14,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mig.apply import ENV_KILL_AT_STEP, INTENT_FILE, dry_run, reconcile
-from mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
+from nodeagent.agent.backend import open_node
 from nodeagent.cli.mig import app
 from nodeagent.gpu.errors import InsufficientResources
-from nodeagent.gpu.node import GpuNode, open_node
+from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
+from nodeagent_mig.apply import INTENT_FILE, dry_run, prepare, reconcile
+from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config, parse_config, parse_hooks
 
 STANDARD = [
     "all-1g",
@@ -143,7 +143,12 @@ def test_rollback_restores_previous_layout(tmp_path: Path) -> None:
     assert not report.ok
     assert "rolled back" in report.gpus[0].errors[0]
     assert layout(node, 0) == before
-    assert report.gpus[0].holds == [f"{p}@{s}:{z}" for p, s, z in before]
+    assert [
+        (s.profile, s.placement.start, s.placement.size) for s in report.gpus[0].holds
+    ] == before
+    assert report.to_dict()["gpus"][0]["holds"] == [
+        {"profile": p, "start": s, "size": z} for p, s, z in before
+    ]
 
 
 def test_hooks_run_and_apply_exit_always_runs(tmp_path: Path) -> None:
@@ -177,9 +182,9 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     node = open_node(simulate="dgx-a100", state_dir=tmp_path / "sim")
     cfg = load_config(DEFAULT_CONFIG_FILE)
     calls = counting(node)
-    report = dry_run(node, cfg, "all-balanced")
+    report = dry_run(prepare(node, cfg, "all-balanced"))
     assert calls == []
-    assert Counter(c.split("@")[0] for c in report.gpus[0].created) == {
+    assert Counter(c.profile for c in report.gpus[0].created) == {
         "1g.5gb": 2,
         "2g.10gb": 1,
         "3g.20gb": 1,
@@ -267,15 +272,22 @@ def test_invalid_files_exit_2_and_change_nothing(tmp_path: Path, text: str, mess
     assert runner.invoke(app, ["show", "--json", *base]).stdout == before
 
 
+# The apply runs in a child process that SIGKILLs itself, through the step hook, right before
+# step ``kill_at``: the crash a power cut or an OOM kill would cause at that point.
 KILL_SCRIPT = """
-import sys
+import os, signal, sys
 from pathlib import Path
-from mig.apply import reconcile
-from mig.config import load_config
-from nodeagent.gpu.node import open_node
-sim, state, path, name = sys.argv[1:]
+from nodeagent_mig.apply import reconcile
+from nodeagent_mig.config import load_config
+from nodeagent.agent.backend import open_node
+sim, state, path, name, kill_at = sys.argv[1:]
+
+def on_step(number, what):
+    if number == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
 node = open_node(simulate="dgx-a100", state_dir=Path(sim))
-reconcile(node, load_config(path), name, state_dir=Path(state), allow_reset=True)
+reconcile(node, load_config(path), name, state_dir=Path(state), allow_reset=True, on_step=on_step)
 """
 
 CRASH_LAYOUTS = """
@@ -323,8 +335,16 @@ def test_kill_at_every_step_then_converges(tmp_path: Path) -> None:
         sim = copy_state(seed, tmp_path / f"k{k}")
         state = tmp_path / f"state{k}"
         proc = subprocess.run(
-            [sys.executable, "-c", KILL_SCRIPT, str(sim), str(state), str(cfg_path), "target"],
-            env={**os.environ, ENV_KILL_AT_STEP: str(k)},
+            [
+                sys.executable,
+                "-c",
+                KILL_SCRIPT,
+                str(sim),
+                str(state),
+                str(cfg_path),
+                "target",
+                str(k),
+            ],
             capture_output=True,
             text=True,
             check=False,

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
-from mig.config import DEFAULT_CONFIG_FILE
+from nodeagent.agent.backend import open_node
 from nodeagent.cli.mig import app
-from nodeagent.gpu.node import open_node
+from nodeagent_mig.config import DEFAULT_CONFIG_FILE
 
 PRESET = "dgx-a100"
 

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from mig.config import (
+from nodeagent.gpu.types import MigGeometry
+from nodeagent_mig.config import (
     DEFAULT_CONFIG_FILE,
     GpuFacts,
     GpuTarget,
@@ -18,7 +19,6 @@ from mig.config import (
     render_config,
     resolve,
 )
-from nodeagent.gpu.types import MigGeometry
 
 PCI_BY_NAME = {"A100": 0x20B010DE, "H100": 0x233010DE, "H200": 0x233510DE, "A30": 0x20B710DE}
 

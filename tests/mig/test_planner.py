@@ -9,19 +9,16 @@ from collections import Counter
 
 import pytest
 
-from mig.planner import (
+from nodeagent.capacity import creatable, fragmentation_ratio, memory_slices_of, rank_order
+from nodeagent.gpu.types import MigGeometry, Placement
+from nodeagent_mig.planner import (
     BlockedByBusyError,
     InfeasibleError,
     Instance,
     check_layout,
-    creatable,
-    fragmentation_ratio,
-    memory_slices_of,
     place_on_node,
     plan_gpu,
-    rank_order,
 )
-from nodeagent.gpu.types import MigGeometry, Placement
 
 
 def brute_force_layouts(geometry: MigGeometry) -> set[frozenset[tuple[str, int]]]:

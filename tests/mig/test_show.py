@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nodeagent.agent.backend import open_node
 from nodeagent.cli.mig import CELL, app, slice_map
-from nodeagent.gpu.node import open_node
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.sim.control import SimControl
 

@@ -9,7 +9,7 @@ import pytest
 
 from nodeagent.sim.control import SimControl
 from nodeagent.sim.nvml import SimNvml
-from tests.support.clock import FakeClock
+from nodeagent.testing.clock import FakeClock
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from nodeagent import labels as lbl
+from nodeagent.testing.clock import FakeClock
+from nodeagent_tiering.controller import Controller
+from nodeagent_tiering.kube import Kube, NodeCache, api_client
+from nodeagent_tiering.leader import LeaderElector, LeaseTiming
+from nodeagent_tiering.policy import TierPolicy, parse_policy
 from tests.support.kubeapi import KubeAPIServer, make_node
-from tiering.clock import FakeClock
-from tiering.controller import Controller
-from tiering.kube import Kube, NodeCache, api_client
-from tiering.leader import LeaderElector, LeaseTiming
-from tiering.policy import TierPolicy, parse_policy
 
 POLICY: dict[str, Any] = {
     "version": "v1",

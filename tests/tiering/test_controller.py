@@ -7,9 +7,9 @@ import json
 import pytest
 
 from nodeagent import labels as lbl
+from nodeagent_tiering.nodes import DRAIN_ANNOTATION
 from tests.support.kubeapi import make_pdb, make_pod
 from tests.tiering.conftest import add_nodes, gpu_labels
-from tiering.nodes import DRAIN_ANNOTATION
 
 H100 = gpu_labels()
 L40S = gpu_labels("NVIDIA-L40S", nvlink=1)

@@ -9,16 +9,15 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
-from tests.deploy import render
-from tests.deploy.tools import require_module
-from tiering.policy import parse_policy
+from nodeagent_tiering.policy import parse_policy
+from tests.deploy.tools import KUSTOMIZE_DIR, kustomize, require_module
 
-DIRECTORY = render.KUSTOMIZE_DIR / "tiering"
+DIRECTORY = KUSTOMIZE_DIR / "tiering"
 
 
 @pytest.fixture(scope="module")
 def objects() -> list[dict[str, Any]]:
-    return render.render(DIRECTORY)
+    return kustomize(DIRECTORY)
 
 
 def one(objects, kind):

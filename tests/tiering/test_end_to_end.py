@@ -15,10 +15,10 @@ from nodeagent.health.component import make_patcher
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.sim.control import SimControl
+from nodeagent_tiering.nodes import DRAIN_ANNOTATION, NodeView
 from tests.support.kubeapi import make_node as make_node_object
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import add_nodes, gpu_labels
-from tiering.nodes import DRAIN_ANNOTATION, NodeView
 
 NODE = "dgx-1"
 
@@ -37,7 +37,7 @@ def test_xid79_quarantines_drains_and_returns_the_node(
 
     # Short hold and half-life so that recovery takes simulated hours, not days.
     health = HealthSection(fatal_hold_s=1800, half_life_s=1800, recovery_quiet_s=300)
-    model = HealthModel(health, history_path=tmp_path / "history.json", clock=clock.now)
+    model = HealthModel(health, history_path=tmp_path / "history.json", clock=clock)
     patcher = make_patcher(KubernetesSection(enabled=True, api_server=api.url), NODE)
     reporter = Reporter(model, tmp_path, NODE, patcher=patcher)
     watcher = gpu_node.watch_events()
@@ -89,9 +89,9 @@ def test_xid79_quarantines_drains_and_returns_the_node(
             and view.condition_status == "True"
             and (view.labels.get(lbl.STABILITY) != "unstable")
         ):
-            cleared_at = clock.now()
+            cleared_at = clock()
         if released_at is None and not view.unschedulable:
-            released_at = clock.now()
+            released_at = clock()
         if view.labels.get(lbl.TIER) == "training":
             break
     assert cleared_at is not None, "the agent cleared the condition"

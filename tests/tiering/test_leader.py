@@ -7,10 +7,10 @@ import json
 import pytest
 
 from nodeagent import labels as lbl
+from nodeagent_tiering.kube import KubeError
+from nodeagent_tiering.leader import BREAKER_ANNOTATION, breaker_from_lease, reset_breaker_on_lease
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import add_nodes, gpu_labels
-from tiering.kube import KubeError
-from tiering.leader import BREAKER_ANNOTATION, breaker_from_lease, reset_breaker_on_lease
 
 T4 = gpu_labels("Tesla-T4", count=1, nvlink=1)
 
@@ -99,7 +99,7 @@ def test_breaker_trips_is_persisted_on_the_lease_and_needs_a_reset(api, make_con
     assert not any(n["spec"].get("unschedulable") for n in api.list("nodes"))
 
     # The operator resets it (what `nodeagent tiering reset-breaker` writes).
-    reset_breaker_on_lease(other.kube, "nodeagent", "nodeagent-tiering", now_s=clock.now())
+    reset_breaker_on_lease(other.kube, "nodeagent", "nodeagent-tiering", now_s=clock())
     clock.advance(1)
     other.elector.try_acquire_or_renew()
     other.elector.try_acquire_or_renew()

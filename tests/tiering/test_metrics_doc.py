@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tiering.metrics import TieringMetrics
+from nodeagent_tiering.metrics import TieringMetrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "tiering.md"
 

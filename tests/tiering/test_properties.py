@@ -15,13 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import labels as lbl
-from tests.support.kubeapi import KubeAPIServer, make_node, make_pod
-from tests.tiering.conftest import POLICY, gpu_labels
-from tiering.clock import FakeClock
-from tiering.controller import Controller
-from tiering.kube import Kube, NodeCache, api_client
-from tiering.nodes import DrainRecord, NodeView, Phase
-from tiering.planner import (
+from nodeagent.testing.clock import FakeClock
+from nodeagent_tiering.controller import Controller
+from nodeagent_tiering.kube import Kube, NodeCache, api_client
+from nodeagent_tiering.nodes import DrainRecord, NodeView, Phase
+from nodeagent_tiering.planner import (
     BreakerState,
     MarkStable,
     Release,
@@ -31,7 +29,9 @@ from tiering.planner import (
     home_tier,
     plan,
 )
-from tiering.policy import TierPolicy, parse_policy
+from nodeagent_tiering.policy import TierPolicy, parse_policy
+from tests.support.kubeapi import KubeAPIServer, make_node, make_pod
+from tests.tiering.conftest import POLICY, gpu_labels
 
 KINDS = {
     "h100": gpu_labels(),
@@ -246,7 +246,7 @@ def test_storm_through_the_api_stays_within_budget(shared_api, storm):
         )
         cache.relist()
         result = ctl.reconcile_once()
-        starts += [clock.now()] * len(result.of(StartDrain))
+        starts += [clock()] * len(result.of(StartDrain))
         views = [NodeView.from_object(n) for n in api.list("nodes")]
         draining = [v for v in views if v.drain and v.drain.phase is Phase.DRAINING]
         assert len(draining) <= 2, "cluster budget exceeded"

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
 from nodeagent.labels import FRAGMENTATION_ANNOTATION, STRANDED_GPUS_ANNOTATION
+from nodeagent_tiering.report import MIG_CONFIG_LABEL
 from tests.support.kubeapi import make_pod
 from tests.tiering.conftest import POLICY, add_nodes, gpu_labels
-from tiering.report import MIG_CONFIG_LABEL
 
 
 @pytest.fixture

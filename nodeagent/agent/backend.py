@@ -1,0 +1,81 @@
+"""Which NVML the program drives: the edge's one choice, made from ``--simulate`` or the env.
+
+The GPU layer never reads the environment nor imports the simulator; the CLI and the agent call
+:func:`open_node` once and pass the node on. With a preset (``--simulate PRESET`` or env
+``NODEAGENT_SIMULATE``) the node is the simulator's, whose state lives in a directory shared by
+every process on the same simulated node, and a GPU reset is the simulator's; without one it is
+the real ``pynvml`` and ``nvidia-smi -r``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from nodeagent.gpu.errors import DriverNotLoaded, InvalidArgument
+from nodeagent.gpu.node import GpuNode
+
+ENV_SIMULATE = "NODEAGENT_SIMULATE"
+ENV_SIM_STATE = "NODEAGENT_SIM_STATE"
+
+
+def preset_names() -> Sequence[str]:
+    """The simulator presets, for error hints and ``nodeagent sim presets``."""
+    from nodeagent.sim.presets import preset_names as sim_preset_names
+
+    return tuple(sim_preset_names())
+
+
+def simulated_preset(simulate: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The preset to simulate: ``simulate``, else env ``NODEAGENT_SIMULATE``; None: real GPUs."""
+    env = os.environ if environ is None else environ
+    return simulate or env.get(ENV_SIMULATE) or None
+
+
+def no_driver_message(cause: str) -> str:
+    """One line naming the cause and the way to a simulated node."""
+    try:
+        presets = ", ".join(preset_names())
+    except Exception:  # noqa: BLE001 - the hint must not hide the real error
+        presets = "see `nodeagent sim presets`"
+    return (
+        f"no NVIDIA driver found ({cause}); to use a simulated node pass --simulate PRESET "
+        f"or set {ENV_SIMULATE}=PRESET (presets: {presets})"
+    )
+
+
+def open_node(simulate: str | None = None, state_dir: Path | None = None) -> GpuNode:
+    """Open the node's GPUs: the simulator when a preset is named, else real NVML.
+
+    The simulator's state lives in ``state_dir`` (falls back to env ``NODEAGENT_SIM_STATE``,
+    then the user's state directory); it is created from the preset when empty.
+
+    Raises:
+        InvalidArgument: the preset is unknown (the message lists the presets).
+        DriverNotLoaded: no driver and no preset (the message names ``--simulate``).
+    """
+    preset = simulated_preset(simulate)
+    if preset:
+        names = preset_names()
+        if preset not in names:
+            raise InvalidArgument(
+                f"unknown simulator preset {preset!r}; choose one of: {', '.join(names)}"
+            )
+        from nodeagent.sim import SimNvml  # imported only when a preset is asked for
+        from nodeagent.sim.control import reset_gpu
+
+        sim = SimNvml(state_dir, preset)
+        return GpuNode(sim, reset=lambda index, _bus_id: reset_gpu(sim, index))
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise DriverNotLoaded(no_driver_message(f"pynvml not importable: {exc}")) from exc
+    try:
+        return GpuNode(pynvml)
+    except DriverNotLoaded as exc:
+        raise DriverNotLoaded(
+            no_driver_message(str(exc.__cause__ or exc)),
+            function="nvmlInit",
+            nvml_code=exc.nvml_code,
+        ) from exc

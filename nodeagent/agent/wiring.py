@@ -1,0 +1,88 @@
+"""The one place where the agent's features are built and handed to each other, in order.
+
+Each feature takes what it reads as a constructor argument, through a narrow interface from
+:mod:`nodeagent.runtime` (a snapshot feed, a health source, the published devices) or a plain
+callable; nothing is filled in after construction. The build order follows the data:
+
+1. the sampler publishes snapshots into the store;
+2. the MIG reconciler applies the pool's layout (the capability labels name it once applied);
+3. the health model, on its own, so the device plugin and the exporter can take it as their
+   health source;
+4. the device plugin, which publishes what it advertises;
+5. the exporter, which reads health and the advertised devices, and computes capacity;
+6. the health component around the model: its reporter publishes the capability labels and the
+   exporter's capacity annotations on the node.
+
+Components start in the order the supervisor lists them (sampler, MIG reconciler, health,
+device plugin, metrics). A feature turned off in the config is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from nodeagent.agent.node_labels import CapabilityLabels
+from nodeagent.agent.sampler import Sampler
+from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.node import GpuNode
+from nodeagent.health import component as health
+from nodeagent.runtime.component import Component, Reloadable
+from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
+from nodeagent_device_plugin import component as device_plugin
+from nodeagent_exporters import component as exporters
+from nodeagent_mig import reconciler as mig
+
+
+@dataclass(frozen=True, slots=True)
+class Wired:
+    """What the agent runs and what it tells about a new config."""
+
+    components: tuple[Component, ...]  # in start order
+    reloadables: tuple[Reloadable, ...]  # components and helpers that take a new config
+
+
+def build(
+    config: AgentConfig,
+    node: GpuNode,
+    snapshots: SnapshotStore,
+    *,
+    restarts: Mapping[str, int],
+    ready: Callable[[], bool],
+    alive: Callable[[], bool],
+) -> Wired:
+    """Build every enabled feature of ``config`` around ``node``.
+
+    ``restarts`` (component restarts, exported as a metric), ``ready`` (every component ready)
+    and ``alive`` (threads up, sampling not wedged) are the agent's own, read by the exporter.
+    """
+    feed: SnapshotFeed = snapshots
+    sampler = Sampler(node, snapshots, config.sampler)
+    reconciler = mig.build(config, node)
+    labels = CapabilityLabels(feed, config, reconciler)
+    model = health.build_model(config)
+    plugin = device_plugin.build(config, feed, model)
+    exporter = exporters.build(
+        config,
+        feed,
+        health=model,
+        devices=plugin,
+        restarts=restarts,
+        ready_check=ready,
+        live_check=alive,
+    )
+    health_component = None
+    if model is not None:
+        health_component = health.build(
+            config,
+            model,
+            node,
+            feed,
+            labels=labels,
+            annotations=exporter.capacity_annotations if exporter is not None else None,
+        )
+    components: tuple[Component, ...] = tuple(
+        c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None
+    )
+    reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
+    return Wired(components, reloadables)

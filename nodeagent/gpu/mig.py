@@ -1,0 +1,470 @@
+"""MIG through NVML: a GPU's profiles and placements, its instances, mode changes and resets."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.gpu import errors
+from nodeagent.gpu.errors import GpuError, InUse, InvalidArgument, NotSupported
+from nodeagent.gpu.inventory import Inventory
+from nodeagent.gpu.nvml import NO_SUCH_ITEM, UNANSWERED, Nvml, text
+from nodeagent.gpu.telemetry import Processes
+from nodeagent.gpu.types import (
+    ComputeInstance,
+    GpuInstance,
+    MigGeometry,
+    MigProfile,
+    Placement,
+    ProcessInfo,
+)
+
+_MIB = 1024 * 1024
+# Profile-index enumeration stops at INVALID_ARGUMENT; this bound only guards against a driver
+# that never says so (nvml.h defines 0x12 indices today).
+_MAX_PROFILE_INDEX = 64
+
+# How a GPU is reset so that a pending MIG mode takes effect: called with the GPU index and its
+# PCI bus id. NVML has no reset call, so the program's edge chooses one: ``nvidia-smi -r`` on a
+# real host (:func:`nvidia_smi_reset`), the simulator's own on a simulated node. It may raise a
+# taxonomy error or an ``NVMLError`` of the module in use (translated like any NVML call).
+ResetFunction = Callable[[int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class MigModeChange:
+    """Result of a MIG mode change request."""
+
+    gpu_index: int
+    current: bool
+    pending: bool
+    reset_required: bool  # the mode takes effect only after a GPU reset
+    reason: str | None  # why the change is not active yet (processes running, say)
+
+
+@dataclass(frozen=True, slots=True)
+class _CiProfile:
+    """A compute-instance profile available inside GPU instances of one GI profile."""
+
+    profile_id: int
+    slice_count: int
+    max_count: int
+
+
+def _profile(
+    nvml_index: int, info: Any, placements: tuple[Placement, ...], smallest_mib: int
+) -> MigProfile:
+    """A GPU-instance profile from NVML's profile info (v2) and its possible placements.
+
+    NVML's ``sliceCount`` counts SM (compute) slices: 3 for a 3g profile, which occupies 4 memory
+    slices. The memory-slice count is the placement size. Where NVML withheld the placements
+    (no privilege) it is estimated from the profile's memory in units of the smallest profile's,
+    which gives 1/2/4/8 on every table in the reference notes.
+    """
+    memory_mib = int(info.memorySizeMB)
+    slices = placements[0].size if placements else max(1, round(memory_mib / smallest_mib))
+    return MigProfile(
+        name=text(info.name).removeprefix("MIG ").strip(),
+        profile_id=int(info.id),
+        nvml_index=nvml_index,
+        slices=slices,
+        compute_slices=int(info.sliceCount),
+        multiprocessors=int(info.multiprocessorCount),
+        memory_bytes=memory_mib * _MIB,
+        max_count=int(info.instanceCount),
+        copy_engines=int(info.copyEngineCount),
+        decoders=int(info.decoderCount),
+        jpeg_decoders=int(info.jpegCount),
+        ofa=int(info.ofaCount),
+        placements=placements,
+    )
+
+
+class MigControl:
+    """MIG on every GPU of the node: read geometry and instances, change mode and layout."""
+
+    def __init__(
+        self, nvml: Nvml, inventory: Inventory, processes: Processes, reset: ResetFunction
+    ) -> None:
+        self._nvml = nvml
+        self._inventory = inventory
+        self._processes = processes
+        self._reset = reset
+        self._geometry: dict[int, MigGeometry] = {}
+        self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
+
+    def processes(self, index: int) -> tuple[ProcessInfo, ...]:
+        """The compute processes of GPU ``index`` (what makes an instance busy)."""
+        return self._processes(index)
+
+    def mig_geometry(self, index: int) -> MigGeometry | None:
+        """The GPU's MIG profiles and legal placements, or ``None`` when it is not MIG-capable."""
+        cached = self._geometry.get(index)
+        if cached is not None:
+            return cached
+        capable, _, _ = self._inventory.mig_mode(index)
+        if not capable:
+            return None
+        h = self._nvml.handle(index)
+        found: list[tuple[int, Any, tuple[Placement, ...]]] = []
+        for nvml_index in range(_MAX_PROFILE_INDEX):
+            info, code = self._nvml.attempt(
+                "nvmlDeviceGetGpuInstanceProfileInfo",
+                h,
+                nvml_index,
+                2,
+                gpu=index,
+                expected=NO_SUCH_ITEM,
+            )
+            if code == errors.NVML_ERROR_INVALID_ARGUMENT:
+                break  # the documented end of the enumeration
+            if code == errors.NVML_SUCCESS:
+                found.append((nvml_index, info, self._placements(index, h, int(info.id))))
+        smallest_mib = min((max(int(info.memorySizeMB), 1) for _, info, _ in found), default=1)
+        profiles = [
+            _profile(nvml_index, info, placements, smallest_mib)
+            for nvml_index, info, placements in found
+        ]
+        profiles.sort(key=lambda p: (-p.slices, -p.compute_slices, p.name))
+        memory_slices = max(
+            (q.end for p in profiles for q in p.placements),
+            default=max((p.slices for p in profiles), default=0),
+        )
+        geometry = MigGeometry(
+            model=self._inventory.static(index).name,
+            memory_slices=memory_slices,
+            profiles=tuple(profiles),
+        )
+        # Profile info is immutable for the life of a MIG mode; an empty table (some drivers
+        # answer only once MIG is enabled) is not cached so it is asked again later.
+        if profiles:
+            self._geometry[index] = geometry
+        return geometry
+
+    def _placements(self, index: int, handle: Any, profile_id: int) -> tuple[Placement, ...]:
+        fn = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        count = ctypes.c_uint(0)
+        # A NULL buffer asks for the number of placements (nvml.h), then a buffer of that size.
+        # The query needs privilege on some drivers: without it the placements are unknown
+        # (an empty tuple), which is not a reason to fail the whole profile table.
+        _, code = self._nvml.attempt(
+            fn, handle, profile_id, None, ctypes.byref(count), gpu=index, expected=UNANSWERED
+        )
+        if code != errors.NVML_SUCCESS or not count.value:
+            return ()
+        buffer = (self._nvml.module.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._nvml.call(fn, handle, profile_id, buffer, ctypes.byref(count), gpu=index)
+        found = {Placement(int(p.start), int(p.size)) for p in buffer[: count.value]}
+        return tuple(sorted(found, key=lambda p: (p.start, p.size)))
+
+    def _ci_profile_table(self, index: int, gi: Any, gi_profile_id: int) -> tuple[_CiProfile, ...]:
+        """Compute-instance profiles offered inside GIs of one profile (immutable, cached)."""
+        key = (index, gi_profile_id)
+        cached = self._ci_profiles.get(key)
+        if cached is not None:
+            return cached
+        engine = self._nvml.const("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0)
+        table: list[_CiProfile] = []
+        for ci_index in range(self._nvml.const("NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 9)):
+            info, code = self._nvml.attempt(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                gi,
+                ci_index,
+                engine,
+                2,
+                gpu=index,
+                expected=NO_SUCH_ITEM,
+            )
+            if code == errors.NVML_SUCCESS:
+                table.append(
+                    _CiProfile(int(info.id), int(info.sliceCount), int(info.instanceCount))
+                )
+        result = tuple(table)
+        self._ci_profiles[key] = result
+        return result
+
+    def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[Any]:
+        h = self._nvml.handle(index)
+        handles: list[Any] = []
+        for profile in geometry.profiles:
+            if profile.max_count <= 0:
+                continue
+            buffer = (self._nvml.module.c_nvmlGpuInstance_t * profile.max_count)()
+            count = ctypes.c_uint(profile.max_count)
+            self._nvml.call(
+                "nvmlDeviceGetGpuInstances",
+                h,
+                profile.profile_id,
+                buffer,
+                ctypes.byref(count),
+                gpu=index,
+            )
+            handles.extend(buffer[: count.value])
+        return handles
+
+    def _mig_device_uuids(self, index: int) -> dict[tuple[int, int], str]:
+        """UUIDs of the MIG devices (one per compute instance), by (GI id, CI id)."""
+        h = self._nvml.handle(index)
+        uuids: dict[tuple[int, int], str] = {}
+        for mig_index in range(
+            int(self._nvml.call("nvmlDeviceGetMaxMigDeviceCount", h, gpu=index))
+        ):
+            mig, code = self._nvml.attempt(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                h,
+                mig_index,
+                gpu=index,
+                expected=frozenset({errors.NVML_ERROR_NOT_FOUND}),
+            )
+            if code != errors.NVML_SUCCESS:
+                continue  # indices are sparse: no MIG device at this slot
+            gi_id = int(self._nvml.call("nvmlDeviceGetGpuInstanceId", mig, gpu=index))
+            ci_id = int(self._nvml.call("nvmlDeviceGetComputeInstanceId", mig, gpu=index))
+            uuids[(gi_id, ci_id)] = text(self._nvml.call("nvmlDeviceGetUUID", mig, gpu=index))
+        return uuids
+
+    def read_instances(
+        self, index: int, processes: tuple[ProcessInfo, ...], enabled: bool | None = None
+    ) -> tuple[GpuInstance, ...]:
+        """The GPU's instances, busy where one of ``processes`` runs on them (MIG on, else ())."""
+        if enabled is None:
+            _, enabled, _ = self._inventory.mig_mode(index)
+        geometry = self.mig_geometry(index) if enabled else None
+        if geometry is None:
+            return ()
+        names = {p.profile_id: p.name for p in geometry.profiles}
+        uuids = self._mig_device_uuids(index)
+        instances: list[GpuInstance] = []
+        for gi in self._gpu_instance_handles(index, geometry):
+            info = self._nvml.call("nvmlGpuInstanceGetInfo", gi, gpu=index)
+            gi_id, profile_id = int(info.id), int(info.profileId)
+            cis = self._read_compute_instances(index, gi, gi_id, profile_id, uuids)
+            instances.append(
+                GpuInstance(
+                    gpu_index=index,
+                    instance_id=gi_id,
+                    profile=names.get(profile_id, f"profile-{profile_id}"),
+                    profile_id=profile_id,
+                    placement=Placement(int(info.placement.start), int(info.placement.size)),
+                    compute_instances=cis,
+                    pids=tuple(p.pid for p in processes if p.gpu_instance_id == gi_id),
+                )
+            )
+        instances.sort(key=lambda g: (g.placement.start, g.placement.size, g.instance_id))
+        return tuple(instances)
+
+    def _ci_handles(self, index: int, gi: Any, gi_profile_id: int) -> list[tuple[Any, _CiProfile]]:
+        handles: list[tuple[Any, _CiProfile]] = []
+        for ci_profile in self._ci_profile_table(index, gi, gi_profile_id):
+            if ci_profile.max_count <= 0:
+                continue
+            buffer = (self._nvml.module.c_nvmlComputeInstance_t * ci_profile.max_count)()
+            count = ctypes.c_uint(ci_profile.max_count)
+            self._nvml.call(
+                "nvmlGpuInstanceGetComputeInstances",
+                gi,
+                ci_profile.profile_id,
+                buffer,
+                ctypes.byref(count),
+                gpu=index,
+            )
+            handles.extend((ci, ci_profile) for ci in buffer[: count.value])
+        return handles
+
+    def _read_compute_instances(
+        self,
+        index: int,
+        gi: Any,
+        gi_id: int,
+        gi_profile_id: int,
+        uuids: dict[tuple[int, int], str],
+    ) -> tuple[ComputeInstance, ...]:
+        found: list[ComputeInstance] = []
+        for ci, ci_profile in self._ci_handles(index, gi, gi_profile_id):
+            info = self._nvml.call("nvmlComputeInstanceGetInfo", ci, gpu=index)
+            ci_id = int(info.id)
+            found.append(
+                ComputeInstance(
+                    gpu_instance_id=gi_id,
+                    instance_id=ci_id,
+                    profile_id=int(info.profileId),
+                    slice_count=ci_profile.slice_count,
+                    placement=Placement(int(info.placement.start), int(info.placement.size)),
+                    # Every CI forms a MIG device; "" only if NVML listed none for it.
+                    uuid=uuids.get((gi_id, ci_id), ""),
+                )
+            )
+        found.sort(key=lambda c: (c.placement.start, c.instance_id))
+        return tuple(found)
+
+    def mig_instances(self, index: int) -> tuple[GpuInstance, ...]:
+        """Current GPU instances with compute instances and processes, sorted by placement."""
+        return self.read_instances(index, self._processes(index))
+
+    def set_mig_mode(self, index: int, enabled: bool) -> MigModeChange:
+        """Request MIG on or off. A change that needs a reset is reported, not an error."""
+        h = self._nvml.handle(index)
+        mode = self._nvml.const(
+            "NVML_DEVICE_MIG_ENABLE" if enabled else "NVML_DEVICE_MIG_DISABLE", 1
+        )
+        activation = int(self._nvml.call("nvmlDeviceSetMigMode", h, mode, gpu=index))
+        _, current, pending = self._inventory.mig_mode(index)
+        self._geometry.pop(index, None)
+        self._ci_profiles = {k: v for k, v in self._ci_profiles.items() if k[0] != index}
+        reset_required = current != pending
+        reason: str | None = None
+        if activation == errors.NVML_ERROR_IN_USE:
+            reason = "the GPU is in use (processes or clients attached); stop them, then reset it"
+        elif activation == errors.NVML_ERROR_RESET_REQUIRED:
+            reason = "the GPU cannot be reset here (passthrough); reboot the machine or VM"
+        elif activation != errors.NVML_SUCCESS:
+            reason = f"activation failed with NVML error {activation}"
+        elif reset_required:
+            reason = "the new mode takes effect after a GPU reset"
+        return MigModeChange(
+            gpu_index=index,
+            current=current,
+            pending=pending,
+            reset_required=reset_required,
+            reason=reason,
+        )
+
+    def reset_gpu(self, index: int) -> None:
+        """Reset the GPU so a pending MIG mode takes effect. Raises InUse while processes run."""
+        static = self._inventory.static(index)
+        # Checked here for every reset function: a reset kills whatever runs on the GPU.
+        processes = self._processes(index)
+        if processes:
+            pids = ", ".join(str(p.pid) for p in processes)
+            raise InUse(
+                f"GPU {index} cannot be reset while processes run on it (pids {pids}); stop them",
+                function="reset",
+                gpu_index=index,
+                nvml_code=errors.NVML_ERROR_IN_USE,
+            )
+        try:
+            self._reset(index, static.pci_bus_id)
+        except self._nvml.module.NVMLError as exc:
+            self._nvml.count_error("reset")
+            raise self._nvml.translate(exc, "reset", index) from exc
+        # The reset drops every GPU and compute instance; cached handles stay valid for the GPU.
+        self._geometry.pop(index, None)
+        self._ci_profiles = {k: v for k, v in self._ci_profiles.items() if k[0] != index}
+
+    def _mig_profile(self, index: int, profile: str) -> MigProfile:
+        geometry = self.mig_geometry(index)
+        if geometry is None:
+            raise NotSupported(
+                f"GPU {index} ({self._inventory.static(index).name}) does not support MIG",
+                function="nvmlDeviceGetMigMode",
+                gpu_index=index,
+                nvml_code=errors.NVML_ERROR_NOT_SUPPORTED,
+            )
+        found = geometry.profile(profile)
+        if found is not None:
+            return found
+        _, enabled, _ = self._inventory.mig_mode(index)
+        if not enabled and not geometry.profiles:
+            raise NotSupported(
+                f"MIG is disabled on GPU {index}; enable it and reset the GPU first",
+                function="nvmlDeviceGetGpuInstanceProfileInfo",
+                gpu_index=index,
+                nvml_code=errors.NVML_ERROR_NOT_SUPPORTED,
+            )
+        names = ", ".join(p.name for p in geometry.profiles)
+        raise InvalidArgument(
+            f"GPU {index} ({geometry.model}) has no MIG profile {profile!r}; "
+            f"choose one of: {names}",
+            gpu_index=index,
+            nvml_code=errors.NVML_ERROR_INVALID_ARGUMENT,
+        )
+
+    def create_gpu_instance(self, index: int, profile: str, placement: Placement) -> GpuInstance:
+        """Create a GPU instance at an explicit placement plus one compute instance spanning it.
+
+        Raises InsufficientResources on overlap or exhausted capacity, NotSupported when MIG is
+        off, InvalidArgument for a placement the profile does not allow.
+        """
+        mig_profile = self._mig_profile(index, profile)
+        h = self._nvml.handle(index)
+        c_placement = self._nvml.module.c_nvmlGpuInstancePlacement_t()
+        c_placement.start = placement.start
+        c_placement.size = placement.size
+        gi = self._nvml.call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            h,
+            mig_profile.profile_id,
+            ctypes.byref(c_placement),
+            gpu=index,
+        )
+        gi_id = int(self._nvml.call("nvmlGpuInstanceGetInfo", gi, gpu=index).id)
+        try:
+            table = self._ci_profile_table(index, gi, mig_profile.profile_id)
+            if not table:
+                raise NotSupported(
+                    f"GPU {index}: no compute-instance profile fits a {profile} instance",
+                    function="nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    gpu_index=index,
+                    nvml_code=errors.NVML_ERROR_NOT_SUPPORTED,
+                )
+            # The full-size CI: the most slices, and of equals the plain profile (lowest id)
+            # rather than a variant such as the NVL-optimised 7-slice one.
+            full = min(table, key=lambda c: (-c.slice_count, c.profile_id))
+            self._nvml.call("nvmlGpuInstanceCreateComputeInstance", gi, full.profile_id, gpu=index)
+        except GpuError:
+            # Leave no half-made instance behind: without a CI the GI is unusable.
+            self._nvml.call("nvmlGpuInstanceDestroy", gi, gpu=index)
+            raise
+        for instance in self.mig_instances(index):
+            if instance.instance_id == gi_id:
+                return instance
+        raise GpuError(
+            f"GPU {index}: instance {gi_id} vanished right after it was created",
+            function="nvmlDeviceGetGpuInstances",
+            gpu_index=index,
+        )
+
+    def destroy_gpu_instance(self, index: int, instance_id: int) -> None:
+        """Destroy a GPU instance's compute instances, then the instance. Raises InUse when busy."""
+        # Check for processes first, so that a busy instance is left whole rather than stripped
+        # of some of its compute instances before NVML refuses.
+        busy = [p.pid for p in self._processes(index) if p.gpu_instance_id == instance_id]
+        if busy:
+            raise InUse(
+                f"GPU {index} instance {instance_id} runs processes "
+                f"{', '.join(map(str, busy))}; stop them before destroying it",
+                function="nvmlGpuInstanceDestroy",
+                gpu_index=index,
+                nvml_code=errors.NVML_ERROR_IN_USE,
+            )
+        h = self._nvml.handle(index)
+        gi = self._nvml.call("nvmlDeviceGetGpuInstanceById", h, instance_id, gpu=index)
+        profile_id = int(self._nvml.call("nvmlGpuInstanceGetInfo", gi, gpu=index).profileId)
+        for ci, _ in self._ci_handles(index, gi, profile_id):
+            self._nvml.call("nvmlComputeInstanceDestroy", ci, gpu=index)
+        self._nvml.call("nvmlGpuInstanceDestroy", gi, gpu=index)
+
+    def destroy_compute_instance(self, index: int, gpu_instance_id: int, ci_id: int) -> None:
+        """Destroy one compute instance. Raises InUse while processes run on it."""
+        h = self._nvml.handle(index)
+        gi = self._nvml.call("nvmlDeviceGetGpuInstanceById", h, gpu_instance_id, gpu=index)
+        ci = self._nvml.call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id, gpu=index)
+        self._nvml.call("nvmlComputeInstanceDestroy", ci, gpu=index)
+
+
+def nvidia_smi_reset(index: int, bus_id: str) -> None:
+    """Reset a real GPU with ``nvidia-smi -r`` (the driver refuses while the GPU is in use)."""
+    result = subprocess.run(
+        ["nvidia-smi", "-r", "-i", bus_id], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        output = " ".join((result.stdout + " " + result.stderr).split())
+        cls = InUse if "in use" in output.lower() else GpuError
+        raise cls(
+            f"nvidia-smi -r -i {bus_id} failed (exit {result.returncode}): {output}",
+            function="nvidia-smi -r",
+            gpu_index=index,
+        )

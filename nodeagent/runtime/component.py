@@ -1,0 +1,37 @@
+"""What a component of the agent is: a supervised long-running part, optionally reloadable."""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol, runtime_checkable
+
+from nodeagent.config.schema import AgentConfig
+
+
+class Component(Protocol):
+    """A long-running part of the agent, run on its own supervised thread.
+
+    ``run`` blocks until ``stop`` is set and returns; raising means it crashed, and the
+    supervisor restarts it with backoff. ``ready`` turns true once it serves (for READY=1 and
+    ``/readyz``).
+    """
+
+    name: str
+
+    def run(self, stop: threading.Event) -> None:
+        """Do the component's work until ``stop`` is set."""
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """Whether the component is up (serving, registered, sampled once)."""
+        ...
+
+
+@runtime_checkable
+class Reloadable(Protocol):
+    """Something that takes a new config without a restart (SIGHUP)."""
+
+    def reload(self, config: AgentConfig) -> None:
+        """Adopt ``config``; called from the main thread."""
+        ...

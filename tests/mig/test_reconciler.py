@@ -1,0 +1,61 @@
+"""The agent applies the pool's MIG layout at start and after a policy change, never by force."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nodeagent.config.schema import load_agent_config
+from nodeagent.sim.control import SimControl
+from nodeagent_mig.reconciler import MigReconciler
+
+
+def agent_config(tmp_path: Path, layout: str):
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        f"version: v1\nstate_dir: {tmp_path / 'state'}\nmig: {{allow_reset: true}}\n"
+        f"pools:\n  default: {{mig_layout: {layout}}}\n"
+    )
+    return load_agent_config(path, environ={})
+
+
+def profiles(node, index: int) -> list[str]:
+    return sorted(gi.profile for gi in node.mig_instances(index))
+
+
+def test_layout_applied_at_start_then_changed_without_touching_busy_instances(
+    make_node, sim_state_dir: Path, tmp_path: Path
+) -> None:
+    node = make_node("dgx-h100")
+    config = agent_config(tmp_path, "all-balanced")
+    config.state_dir.mkdir(parents=True)
+    reconciler = MigReconciler(node, config)
+    reconciler.reconcile_once()
+    assert reconciler.last_report is not None
+    assert reconciler.last_report.ok
+    balanced = profiles(node, 0)
+    assert balanced == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    status = json.loads((config.state_dir / "mig-status.json").read_text())
+    assert status["ok"] is True
+    assert status["layout"] == "all-balanced"
+
+    # A job runs on GPU 0's 3g instance; the pool moves to all-1g, which needs its slices.
+    busy = next(gi for gi in node.mig_instances(0) if gi.profile == "3g.40gb")
+    SimControl(sim_state_dir).add_process(0, mig_uuid=busy.uuid)
+    reconciler.reload(agent_config(tmp_path, "all-1g"))
+    reconciler.reconcile_once()
+    assert reconciler.last_report is not None
+    assert not reconciler.last_report.ok
+    assert busy.uuid in {gi.uuid for gi in node.mig_instances(0)}, "busy instance destroyed"
+    assert profiles(node, 0) == balanced  # nothing half-applied on the blocked GPU
+
+
+def test_an_invalid_layout_name_is_reported_and_changes_nothing(make_node, tmp_path: Path):
+    node = make_node("dgx-h100")
+    config = agent_config(tmp_path, "all-9g")
+    config.state_dir.mkdir(parents=True)
+    reconciler = MigReconciler(node, config)
+    reconciler.reconcile_once()
+    assert reconciler.last_error is not None
+    assert "all-9g" in reconciler.last_error
+    assert all(not node.info(i).mig_enabled for i in range(node.count()))

@@ -1,0 +1,110 @@
+"""The label contract end to end: what the agent writes on a node is what tiering reads.
+
+The agent side is the real code (capability labels, the health reporter's flags); the node object
+is what the API server returns after the agent's patches; the tiering side is its NodeView and
+selectors. Every label the agent owns goes through, with values that need the sanitiser.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from nodeagent import labels as lbl
+from nodeagent.config.health import HealthSection
+from nodeagent.health.model import HealthModel
+from nodeagent.health.reporter import desired_flags
+from nodeagent.kube.node import NodeFlags
+from nodeagent.sim.control import SimControl
+from nodeagent_tiering.nodes import NodeView
+from nodeagent_tiering.policy import Operator, Requirement, Selector, Stability
+
+# Kubernetes' rule for a label value (apimachinery validation.IsValidLabelValue).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def node_object(flags: NodeFlags) -> dict[str, Any]:
+    """The Node as the API server returns it once the agent's patches are applied."""
+    return {
+        "metadata": {
+            "name": "gpu-1",
+            "labels": dict(flags.labels),
+            "annotations": dict(flags.annotations),
+            "resourceVersion": "7",
+        },
+        "spec": {
+            "taints": [{"key": lbl.UNSTABLE_TAINT, "value": "true", "effect": "NoSchedule"}]
+            if flags.taint
+            else []
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": lbl.GPU_HEALTHY_CONDITION,
+                    "status": "True" if flags.healthy else "False",
+                    "reason": flags.reason,
+                    "message": flags.message,
+                }
+            ]
+        },
+    }
+
+
+def agent_flags(make_node, sim_state_dir, fault: str | None) -> tuple[NodeFlags, Any]:
+    node = make_node("dgx-h100")
+    if fault is not None:
+        SimControl(sim_state_dir).inject(fault, 2)
+    snapshot = node.snapshot()
+    model = HealthModel(HealthSection(), expected_driver=None)
+    model.on_snapshot(snapshot)
+    facts = lbl.NodeFacts(pool="training pool (A)", mig_strategy="mixed")
+    capability = lbl.capability_labels(snapshot, facts)
+    capability[lbl.MIG_LAYOUT] = lbl.label_value("all balanced / v2")  # as the reconciler names it
+    annotations = {lbl.FRAGMENTATION_ANNOTATION: "0.25"}
+    return desired_flags(model.node_health(), model.config, capability, annotations), snapshot
+
+
+@pytest.mark.parametrize(
+    ("fault", "stability", "schedulable"),
+    [
+        pytest.param(None, Stability.STABLE, True, id="healthy node"),
+        pytest.param("remap-pending", Stability.UNSTABLE, False, id="a GPU must be reset"),
+    ],
+)
+def test_every_agent_label_reads_back_in_tiering(
+    make_node, sim_state_dir, fault, stability, schedulable
+) -> None:
+    flags, snapshot = agent_flags(make_node, sim_state_dir, fault)
+    written = dict(flags.labels)
+    assert set(lbl.AGENT_LABELS) <= set(written), "an agent label is never written"
+    view = NodeView.from_object(node_object(flags))
+    assert view.labels == written
+    for key in lbl.AGENT_LABELS:
+        value = written[key]
+        assert len(value) <= 63, f"{key}={value!r}"
+        assert LABEL_VALUE.match(value), f"{key}={value!r}"
+        # Selected the way a tier selects it: by match label and by expression.
+        assert Selector(match_labels={key: value}).matches(view.labels), key
+        assert Requirement(key, Operator.IN, (value,)).matches(view.labels), key
+    assert view.gpus == len(snapshot.gpus)
+    assert view.labels[lbl.DRIVER_VERSION] == lbl.label_value(snapshot.driver_version)
+    assert view.labels[lbl.POOL] == "training-pool-A"
+    assert view.stability is stability
+    assert (view.condition_status == "True") is schedulable
+    assert dict(flags.annotations)[lbl.FRAGMENTATION_ANNOTATION] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        pytest.param("570.124.06", "570.124.06", id="driver version unchanged"),
+        pytest.param("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3", id="spaces"),
+        pytest.param("  pool: a/b  ", "pool-a-b", id="runs and ends"),
+        pytest.param("-x-" + "y" * 80, "x-" + "y" * 60, id="length"),
+    ],
+)
+def test_one_sanitiser(text: str, value: str) -> None:
+    assert lbl.label_value(text) == value
+    assert LABEL_VALUE.match(lbl.label_value(text))

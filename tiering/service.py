@@ -1,0 +1,86 @@
+"""The tiering service put together: the API client, the node cache, the controller, the lease.
+
+``nodeagent tiering run`` is a thin command over :func:`build`, :func:`run_once` and
+:func:`serve`; tests and the benchmark build the same service.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from nodeagent_tiering.clock import Clock, SystemClock
+from nodeagent_tiering.controller import Controller
+from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent_tiering.leader import LeaderElector
+from nodeagent_tiering.planner import Plan
+from nodeagent_tiering.policy import TierPolicy
+
+
+class LeaseHeldError(Exception):
+    """Another replica holds the lease, so a one-shot pass that would write must not run."""
+
+
+@dataclass
+class Service:
+    """The running parts of one replica."""
+
+    kube: Kube
+    cache: NodeCache
+    controller: Controller
+    elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
+
+
+def build(
+    api: Any,
+    policy: TierPolicy,
+    *,
+    namespace: str,
+    lease_name: str,
+    identity: str,
+    dry_run: bool,
+    clock: Clock | None = None,
+) -> Service:
+    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient)."""
+    clock = clock or SystemClock()
+    kube = Kube(api, event_namespace=namespace)
+    cache = NodeCache(kube)
+    elector = None
+    if not dry_run:
+        elector = LeaderElector(
+            kube, namespace=namespace, name=lease_name, identity=identity, clock=clock
+        )
+    controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
+    return Service(kube, cache, controller, elector)
+
+
+def run_once(service: Service) -> Plan:
+    """List the nodes, take the lease (unless dry-run), reconcile once, release the lease.
+
+    Raises:
+        KubeError: the API server is unreachable or refused.
+        LeaseHeldError: another replica is the leader.
+    """
+    service.cache.relist()
+    elector = service.elector
+    if elector is not None and not elector.try_acquire_or_renew():
+        raise LeaseHeldError("another replica holds the lease")
+    result = service.controller.reconcile_once()
+    if elector is not None:
+        elector.release()
+    return result
+
+
+def serve(service: Service, metrics_host: str | None, metrics_port: int | None) -> None:
+    """Reconcile until SIGTERM or SIGINT, serving the metrics on the port when one is given."""
+    if metrics_port is not None:
+        registry = service.controller.metrics.registry
+        start_http_server(metrics_port, addr=metrics_host or "0.0.0.0", registry=registry)  # noqa: S104
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    service.controller.run(stop)
