@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent import migcatalog
 from nodeagent.gpu import errors
 from nodeagent.gpu.errors import GpuError, InUse, InvalidArgument, NotSupported
 from nodeagent.gpu.inventory import Inventory
@@ -15,6 +16,7 @@ from nodeagent.gpu.nvml import NO_SUCH_ITEM, UNANSWERED, Nvml, text
 from nodeagent.gpu.telemetry import Processes
 from nodeagent.gpu.types import (
     ComputeInstance,
+    GeometrySource,
     GpuInstance,
     MigGeometry,
     MigProfile,
@@ -83,6 +85,36 @@ def _profile(
     )
 
 
+def _catalog_profile(
+    model: migcatalog.MigModel, p: migcatalog.GiProfile, driver: str
+) -> MigProfile:
+    """A profile of the built-in catalog, named and sized as driver ``driver`` reports it."""
+    name, memory_mib = model.reported(p, driver)
+    return MigProfile(
+        name=name,
+        profile_id=p.profile_id,
+        nvml_index=p.nvml_index,
+        slices=p.slices,
+        compute_slices=p.compute_slices,
+        multiprocessors=p.multiprocessors,
+        memory_bytes=memory_mib * _MIB,
+        max_count=p.max_count,
+        copy_engines=p.copy_engines,
+        decoders=p.decoders,
+        jpeg_decoders=p.jpeg,
+        ofa=p.ofa,
+        placements=tuple(Placement(start, p.slices) for start in p.starts),
+    )
+
+
+def _geometry(
+    model: str, profiles: list[MigProfile], memory_slices: int, source: GeometrySource
+) -> MigGeometry:
+    """One order for every geometry: largest placements first, then the most SMs, then name."""
+    profiles.sort(key=lambda p: (-p.slices, -p.compute_slices, p.name))
+    return MigGeometry(model, memory_slices, tuple(profiles), source)
+
+
 class MigControl:
     """MIG on every GPU of the node: read geometry and instances, change mode and layout."""
 
@@ -94,6 +126,9 @@ class MigControl:
         self._processes = processes
         self._reset = reset
         self._geometry: dict[int, MigGeometry] = {}
+        # What stands in while MIG is off and the driver will not list profiles (the catalog's
+        # geometry, or an empty one for a model it lacks); the driver is asked once.
+        self._stand_in: dict[int, MigGeometry] = {}
         self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
 
     def processes(self, index: int) -> tuple[ProcessInfo, ...]:
@@ -101,13 +136,38 @@ class MigControl:
         return self._processes(index)
 
     def mig_geometry(self, index: int) -> MigGeometry | None:
-        """The GPU's MIG profiles and legal placements, or ``None`` when it is not MIG-capable."""
+        """The GPU's MIG profiles and legal placements, or ``None`` when it is not MIG-capable.
+
+        Read from the driver whenever it answers, which current drivers do only while MIG is
+        enabled (nvml.h: ``nvmlDeviceGetGpuInstanceProfileInfo*`` is NOT_SUPPORTED otherwise).
+        While MIG is off and the driver is silent, the built-in catalog stands in
+        (:mod:`nodeagent.migcatalog`, by PCI device ID and memory; ``source`` says which), so a
+        layout can be validated and planned before MIG is enabled; once MIG is on, the driver's
+        table is read again and preferred. A model the catalog lacks gets no profiles.
+        """
         cached = self._geometry.get(index)
         if cached is not None:
             return cached
-        capable, _, _ = self._inventory.mig_mode(index)
+        capable, enabled, _ = self._inventory.mig_mode(index)
         if not capable:
             return None
+        stand_in = self._stand_in.get(index)
+        if stand_in is not None and not enabled:
+            return stand_in
+        geometry = self._read_geometry(index)
+        # Profile info is immutable for the life of a MIG mode, so the driver's table is kept; an
+        # empty one (MIG off) is asked again once the mode changes.
+        if geometry.profiles:
+            self._geometry[index] = geometry
+            return geometry
+        if enabled:
+            return geometry
+        stand_in = self._catalog_geometry(index) or geometry
+        self._stand_in[index] = stand_in
+        return stand_in
+
+    def _read_geometry(self, index: int) -> MigGeometry:
+        """The profile table and placements as the driver reports them (empty when it won't)."""
         h = self._nvml.handle(index)
         found: list[tuple[int, Any, tuple[Placement, ...]]] = []
         for nvml_index in range(_MAX_PROFILE_INDEX):
@@ -128,21 +188,22 @@ class MigControl:
             _profile(nvml_index, info, placements, smallest_mib)
             for nvml_index, info, placements in found
         ]
-        profiles.sort(key=lambda p: (-p.slices, -p.compute_slices, p.name))
         memory_slices = max(
             (q.end for p in profiles for q in p.placements),
             default=max((p.slices for p in profiles), default=0),
         )
-        geometry = MigGeometry(
-            model=self._inventory.static(index).name,
-            memory_slices=memory_slices,
-            profiles=tuple(profiles),
-        )
-        # Profile info is immutable for the life of a MIG mode; an empty table (some drivers
-        # answer only once MIG is enabled) is not cached so it is asked again later.
-        if profiles:
-            self._geometry[index] = geometry
-        return geometry
+        name = self._inventory.static(index).name
+        return _geometry(name, profiles, memory_slices, GeometrySource.DRIVER)
+
+    def _catalog_geometry(self, index: int) -> MigGeometry | None:
+        """The built-in catalog's geometry of this GPU's model, or ``None`` if it lacks it."""
+        static = self._inventory.static(index)
+        model = migcatalog.lookup(static.pci_device_id, static.memory_total_bytes // _MIB)
+        if model is None:
+            return None
+        driver = self._inventory.driver_version()
+        profiles = [_catalog_profile(model, p, driver) for p in model.profiles]
+        return _geometry(static.name, profiles, model.memory_slices, GeometrySource.CATALOG)
 
     def _placements(self, index: int, handle: Any, profile_id: int) -> tuple[Placement, ...]:
         fn = "nvmlDeviceGetGpuInstancePossiblePlacements"
@@ -368,8 +429,11 @@ class MigControl:
             return found
         _, enabled, _ = self._inventory.mig_mode(index)
         if not enabled and not geometry.profiles:
+            static = self._inventory.static(index)
             raise NotSupported(
-                f"MIG is disabled on GPU {index}; enable it and reset the GPU first",
+                f"MIG is disabled on GPU {index}, its driver lists MIG profiles only while MIG "
+                f"is enabled, and the built-in catalog lacks this model ({static.name}, PCI id "
+                f"{static.pci_device_id:#010x}); enable MIG on it first",
                 function="nvmlDeviceGetGpuInstanceProfileInfo",
                 gpu_index=index,
                 nvml_code=errors.NVML_ERROR_NOT_SUPPORTED,

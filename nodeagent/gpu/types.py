@@ -104,6 +104,15 @@ class MigProfile:
     placements: tuple[Placement, ...]  # every legal placement, whether free or not
 
 
+class GeometrySource(enum.StrEnum):
+    """Where a GPU's MIG geometry was read."""
+
+    DRIVER = "driver"  # NVML's profile info and placements
+    # nodeagent.migcatalog, by PCI device ID and memory: NVML answers profile info only while
+    # MIG is enabled (nvml.h), and a layout must be planned before MIG is turned on
+    CATALOG = "catalog"
+
+
 @dataclass(frozen=True, slots=True)
 class MigGeometry:
     """The MIG layout rules of one GPU model: enough for the planner to reason without NVML."""
@@ -111,6 +120,7 @@ class MigGeometry:
     model: str  # product name, e.g. "NVIDIA H100 80GB HBM3"
     memory_slices: int  # 8 on A100/H100/H200, 4 on A30
     profiles: tuple[MigProfile, ...]
+    source: GeometrySource = GeometrySource.DRIVER
 
     def profile(self, name: str) -> MigProfile | None:
         """The profile with this name, or ``None`` when the model does not offer it."""

@@ -68,8 +68,8 @@ SEMANTICS: dict[str, bool] = {
     # Hopper+"; nvml.h nvmlDeviceSetMigMode). Off: the mode stays pending until a GPU reset.
     "mig_mode_applies_at_once": True,
     # nvmlDeviceGetGpuInstanceProfileInfo* answer NOT_SUPPORTED while MIG is disabled (nvml.h).
-    # Off: the profile tables can be read whatever the mode.
-    "profile_info_needs_mig": False,
+    # Off: the profile tables can be read whatever the mode, as older simulated nodes did.
+    "profile_info_needs_mig": True,
 }
 
 

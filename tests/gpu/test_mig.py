@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent import migcatalog
 from nodeagent.gpu.errors import (
     GpuError,
     InsufficientResources,
@@ -19,8 +21,9 @@ from nodeagent.gpu.errors import (
     NotSupported,
 )
 from nodeagent.gpu.node import GpuNode
-from nodeagent.gpu.types import Placement
+from nodeagent.gpu.types import GeometrySource, MigGeometry, Placement
 from nodeagent.sim.control import SimControl
+from nodeagent.sim.presets import PRESETS
 
 MakeNode = Callable[..., GpuNode]
 
@@ -33,8 +36,9 @@ def _mig_node(make_node: MakeNode, preset: str = "dgx-h100", gpu: int = 0) -> Gp
 
 
 def test_h100_geometry_matches_the_profile_table(make_node: MakeNode) -> None:
-    geometry = make_node("dgx-h100").mig_geometry(0)
+    geometry = _mig_node(make_node).mig_geometry(0)
     assert geometry is not None
+    assert geometry.source is GeometrySource.DRIVER
     assert geometry.model == "NVIDIA H100 80GB HBM3"
     assert geometry.memory_slices == 8
     table = {
@@ -64,6 +68,97 @@ def test_a30_geometry_has_four_slices(make_node: MakeNode) -> None:
     assert geometry is not None
     assert geometry.memory_slices == 4
     assert {p.name: p.profile_id for p in geometry.profiles}["4g.24gb"] == 0
+
+
+def _geometry(node: GpuNode, index: int = 0) -> MigGeometry:
+    geometry = node.mig_geometry(index)
+    assert geometry is not None
+    return geometry
+
+
+MIG_PRESETS = sorted(name for name, p in PRESETS.items() if p.model in migcatalog.MODELS)
+
+
+@pytest.mark.parametrize("preset", MIG_PRESETS)
+def test_catalog_stands_in_while_mig_is_off_and_agrees_with_the_driver(
+    make_node: MakeNode, preset: str
+) -> None:
+    """The driver lists profiles only while MIG is on; before that the catalog says the same."""
+    node = make_node(preset)
+    before = _geometry(node)
+    assert before.source is GeometrySource.CATALOG
+    assert before.profiles
+    node.set_mig_mode(0, True)
+    after = _geometry(node)
+    assert after.source is GeometrySource.DRIVER
+    assert dataclasses.replace(before, source=GeometrySource.DRIVER) == after
+
+
+def test_mig_enabled_by_another_process_is_read_from_the_driver(
+    make_node: MakeNode, sim_state_dir: Path
+) -> None:
+    node = make_node("dgx-h100")
+    assert _geometry(node).source is GeometrySource.CATALOG
+    SimControl(sim_state_dir).set_mig_mode(0, True)  # e.g. `nodeagent mig apply` in a shell
+    assert _geometry(node).source is GeometrySource.DRIVER
+    assert _geometry(node, 1).source is GeometrySource.CATALOG  # still off there
+
+
+def test_a_driver_that_lists_profiles_with_mig_off_is_preferred(
+    make_node: MakeNode, sim_state_dir: Path
+) -> None:
+    node = make_node("dgx-h100")
+    SimControl(sim_state_dir).set_semantics(profile_info_needs_mig=False)
+    geometry = _geometry(node)
+    assert geometry.source is GeometrySource.DRIVER
+    assert not node.info(0).mig_enabled
+
+
+@pytest.mark.parametrize(
+    ("driver", "name"),
+    [pytest.param("535.104.05", "3g.39gb", id="R535"), pytest.param("550.54.14", "3g.40gb")],
+)
+def test_catalog_names_profiles_as_the_running_driver_does(
+    make_node: MakeNode, sim_state_dir: Path, driver: str, name: str
+) -> None:
+    node = make_node("dgx-a100-80")
+    SimControl(sim_state_dir).inject("driver", 0, version=driver)
+    assert _geometry(node).profile(name) is not None
+    node.set_mig_mode(0, True)
+    assert _geometry(node).profile(name) is not None
+
+
+def test_a_model_the_catalog_lacks_has_no_profiles_until_mig_is_on(
+    make_node: MakeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(migcatalog.MODELS, "h100-80")
+    node = make_node("dgx-h100")
+    geometry = _geometry(node)
+    assert (geometry.profiles, geometry.source) == ((), GeometrySource.DRIVER)
+    with pytest.raises(NotSupported, match=r"catalog lacks this model .*0x233010de"):
+        node.create_gpu_instance(0, "3g.40gb", Placement(0, 4))
+    node.set_mig_mode(0, True)
+    assert _geometry(node).profile("3g.40gb") is not None
+
+
+@pytest.mark.parametrize(
+    ("device_id", "memory_mib", "key"),
+    [
+        pytest.param(0x233010DE, 81559, "h100-80", id="H100 SXM"),
+        pytest.param(0x233110DE, 81559, "h100-pcie", id="H100 PCIe: own SM counts"),
+        pytest.param(0x20B510DE, 81920, "a100-80", id="A100 80GB PCIe"),
+        pytest.param(0x20F110DE, 40960, "a100-40", id="A100 PCIe 40GB"),
+        pytest.param(0x233B10DE, 143771, "h200-nvl", id="H200 NVL"),
+        pytest.param(0x233010DE, 81559 + 800, "h100-80", id="a driver's rounding"),
+        pytest.param(0x233010DE, 65536, None, id="another SKU of the same id"),
+        pytest.param(0x26B910DE, 46068, None, id="L40S: no MIG"),
+    ],
+)
+def test_catalog_lookup_by_device_id_and_memory(
+    device_id: int, memory_mib: int, key: str | None
+) -> None:
+    found = migcatalog.lookup(device_id, memory_mib)
+    assert (found.key if found else None) == key
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 
 from nodeagent.sim import models, presets
 from nodeagent.sim.nvml import SimNvml
+from tests.sim.conftest import enable_mig
 
 # Published GPU-instance profile rows: name, profile ID, NVML index constant, memory slices, SMs,
 # memory MiB (lgip GiB to the 1/8 GiB), max count, CE/DEC/JPG/OFA. Each table names its source;
@@ -140,7 +141,7 @@ def test_catalog_profiles_match_reference(key, preset, table, starts):
 @pytest.mark.parametrize(("key", "preset", "table", "starts"), MIG_MODELS)
 def test_profile_info_through_nvml(make_sim: Callable[..., SimNvml], key, preset, table, starts):
     sim = make_sim(preset)
-    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    handle = enable_mig(sim)  # the driver lists profiles only while MIG is enabled
     seen = []
     for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
@@ -249,7 +250,7 @@ def test_a100_80gb_3g_profile_name_depends_on_the_driver(make_sim, control_for, 
     sim = make_sim("dgx-a100-80")
     control_for(sim).inject("driver", 0, version=driver)
     info = sim.nvmlDeviceGetGpuInstanceProfileInfo(
-        sim.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
+        enable_mig(sim), pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
     )
     text = info.name.decode() if isinstance(info.name, bytes) else info.name
     assert (text, info.memorySizeMB) == (f"MIG {name}", 40192)

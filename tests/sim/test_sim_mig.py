@@ -162,7 +162,7 @@ def test_mig_mode_is_pending_until_reset(make_sim, control_for):
     sim = make_sim("dgx-a100")
     assert control_for(sim).set_semantics(mig_mode_applies_at_once=False) == {
         "mig_mode_applies_at_once": False,
-        "profile_info_needs_mig": False,
+        "profile_info_needs_mig": True,
     }
     handle = sim.nvmlDeviceGetHandleByIndex(0)
     assert sim.nvmlDeviceSetMigMode(handle, 1) == pynvml.NVML_SUCCESS
@@ -399,17 +399,26 @@ def test_max_mig_device_count_is_zero_without_mig(make_sim, preset):
 def test_profile_info_with_mig_disabled_follows_the_semantics(make_sim, control_for):
     sim = make_sim("dgx-h100")
     handle = sim.nvmlDeviceGetHandleByIndex(0)
-    assert sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).id == 19  # default: readable
-    control_for(sim).set_semantics(profile_info_needs_mig=True)
+    # The default is the driver's: profile info (every entry point) is NOT_SUPPORTED while MIG
+    # is disabled (nvml.h), and the placements stay readable whatever the mode (nvml.h of R560+
+    # says so in as many words).
     for call in (
         lambda: sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0),
+        lambda: sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0, version=1),
+        lambda: sim.nvmlDeviceGetGpuInstanceProfileInfoV(handle, 0),
         lambda: sim.nvmlDeviceGetGpuInstanceProfileInfoById(handle, 19),
     ):
         with pytest.raises(pynvml.NVMLError_NotSupported):
             call()
-    count = ctypes.c_uint()  # placements stay readable whatever the mode (nvml.h)
+    count = ctypes.c_uint()
     sim.nvmlDeviceGetGpuInstancePossiblePlacements(handle, 19, None, ctypes.byref(count))
     assert count.value == 7
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 19)
+    # Switched off, the tables can be read in either mode, as older simulated nodes did.
+    control_for(sim).set_semantics(profile_info_needs_mig=False)
+    assert sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).id == 19
+    control_for(sim).set_semantics(profile_info_needs_mig=True)
     enable_mig(sim)
     assert sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0).id == 19
 
