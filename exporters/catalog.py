@@ -110,7 +110,22 @@ _SPECS: tuple[MetricSpec, ...] = (
         "telemetry",
     ),
     MetricSpec(
-        "nodeagent_gpu_memory_used_bytes", G, _GPU, "bytes", "Device memory in use.", "telemetry"
+        "nodeagent_gpu_memory_used_bytes",
+        G,
+        _GPU,
+        "bytes",
+        "Device memory allocated by processes, as nvidia-smi shows it (with the reserved memory "
+        "where the driver lacks memory info v2).",
+        "telemetry",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_memory_reserved_bytes",
+        G,
+        _GPU,
+        "bytes",
+        "Device memory the driver and firmware set aside; absent where the driver lacks memory "
+        "info v2.",
+        "telemetry",
     ),
     MetricSpec(
         "nodeagent_gpu_memory_total_bytes",

@@ -278,6 +278,7 @@ class Renderer:
         f.add("nodeagent_gpu_utilization_ratio", ids, t.utilization_gpu_ratio)
         f.add("nodeagent_gpu_memory_utilization_ratio", ids, t.utilization_memory_ratio)
         f.add("nodeagent_gpu_memory_used_bytes", ids, t.memory_used_bytes)
+        f.add("nodeagent_gpu_memory_reserved_bytes", ids, t.memory_reserved_bytes)
         f.add("nodeagent_gpu_temperature_celsius", ids, t.temperature_celsius)
         f.add("nodeagent_gpu_slowdown_temperature_celsius", ids, t.temperature_slowdown_celsius)
         f.add("nodeagent_gpu_power_watts", ids, t.power_watts)

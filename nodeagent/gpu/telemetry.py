@@ -62,6 +62,9 @@ class TelemetryReader:
         self._inventory = inventory
         self._processes = processes
         self._clock_reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        # GPUs whose driver lacks memory info v2 (before R510, or a binding without the struct):
+        # found on the first sample, then asked the v1 question only.
+        self._memory_v1_only: set[int] = set()
         # NVLink error counters are 3 NVML calls per link (54 per H100 each sample); they are
         # read at most this often and carried forward in between. Link state is read every
         # sample, so a link going down is seen at once. 0 reads them on every sample.
@@ -76,6 +79,25 @@ class TelemetryReader:
             self._clock_reasons_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
             value = nvml.optional(self._clock_reasons_fn, handle, gpu=index)
         return ClockEventReason(int(value)) if value is not None else None
+
+    def _memory(self, index: int, handle: Any) -> tuple[int, int, int | None]:
+        """(used, free, reserved) bytes, as nvidia-smi, gpustat and nvitop show them.
+
+        Memory info v2 reports what the driver and firmware set aside apart, and its "used" is
+        what processes allocated; v1 counts the reserved memory as used. Where v2 is missing
+        the v1 reading stands, with ``reserved`` unknown.
+        """
+        nvml = self._nvml
+        version = nvml.const("nvmlMemory_v2", 0)
+        if version and index not in self._memory_v1_only:
+            memory, code = nvml.attempt(
+                "nvmlDeviceGetMemoryInfo", handle, version, gpu=index, expected=errors.ABSENT_CODES
+            )
+            if code == errors.NVML_SUCCESS:
+                return int(memory.used), int(memory.free), int(memory.reserved)
+            self._memory_v1_only.add(index)
+        memory = nvml.call("nvmlDeviceGetMemoryInfo", handle, gpu=index)
+        return int(memory.used), int(memory.free), None
 
     def _ecc(self, index: int, handle: Any) -> EccCounts | None:
         nvml = self._nvml
@@ -156,7 +178,7 @@ class TelemetryReader:
         h = nvml.handle(index)
         static = self._inventory.static(index)
         utilization = nvml.optional("nvmlDeviceGetUtilizationRates", h, gpu=index)
-        memory = nvml.call("nvmlDeviceGetMemoryInfo", h, gpu=index)
+        memory_used, memory_free, memory_reserved = self._memory(index, h)
         temperature = nvml.optional(
             "nvmlDeviceGetTemperature", h, nvml.const("NVML_TEMPERATURE_GPU", 0), gpu=index
         )
@@ -177,8 +199,9 @@ class TelemetryReader:
             timestamp_s=time.time(),
             utilization_gpu_ratio=utilization.gpu / 100 if utilization is not None else None,
             utilization_memory_ratio=utilization.memory / 100 if utilization is not None else None,
-            memory_used_bytes=int(memory.used),
-            memory_free_bytes=int(memory.free),
+            memory_used_bytes=memory_used,
+            memory_free_bytes=memory_free,
+            memory_reserved_bytes=memory_reserved,
             temperature_celsius=float(temperature) if temperature is not None else None,
             temperature_slowdown_celsius=static.temperature_slowdown_celsius,
             power_watts=power_mw / 1000 if power_mw is not None else None,

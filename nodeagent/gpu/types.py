@@ -272,8 +272,12 @@ class Telemetry:
     timestamp_s: float  # time.time() when sampled
     utilization_gpu_ratio: float | None  # 0..1
     utilization_memory_ratio: float | None  # 0..1
+    # Memory as nvidia-smi shows it (NVML memory info v2): used is what processes allocated,
+    # reserved what the driver and firmware set aside; used + reserved + free is the total.
+    # Where the driver has only v1, used includes the reserved memory and reserved is None.
     memory_used_bytes: int
     memory_free_bytes: int
+    memory_reserved_bytes: int | None
     temperature_celsius: float | None
     temperature_slowdown_celsius: float | None
     power_watts: float | None

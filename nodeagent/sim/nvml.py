@@ -25,6 +25,7 @@ from typing import Any
 
 import pynvml
 
+from nodeagent.migcatalog import driver_branch
 from nodeagent.sim import cabi, models, ops, presets, telemetry
 from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
 from nodeagent.sim.watch import ChangeWaiter
@@ -33,6 +34,9 @@ from nodeagent.sim.watch import ChangeWaiter
 _MAGIC = 0x5
 _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET = 1, 2, 3, 4, 5
 _SERIAL_MASK = (1 << 24) - 1
+# The first driver branch with nvmlDeviceGetMemoryInfo_v2 (inferred: R470's NVML reference has
+# only nvmlMemory_t, R525's has nvmlMemory_v2_t; R510 is the branch between them that added it).
+_MEMORY_V2_BRANCH = 510
 
 
 ENGINE_SAMPLING_PERIOD_US = 167000
@@ -527,10 +531,13 @@ class SimNvml:
 
         v1 (no ``version``) counts the memory the driver and firmware reserve as used, as the
         old API does; v2 (``version=nvmlMemory_v2``) reports it apart in ``reserved``, and
-        ``used`` is what processes allocated. ``free`` is the same in both.
+        ``used`` is what processes allocated. ``free`` is the same in both. Drivers before R510
+        have no v2 (FUNCTION_NOT_FOUND).
         """
         if version and version != pynvml.nvmlMemory_v2:
             raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if version and driver_branch(str(self._state()["driver_version"])) < _MEMORY_V2_BRANCH:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # no _v2 entry point in the library
         total_mib, reserved_mib, used_mib = self._memory_mib(handle)
         total = total_mib * models.MIB
         reserved = min(total, reserved_mib * models.MIB)

@@ -33,6 +33,7 @@ from nodeagent.gpu.types import (
 )
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def _simulated_h100_geometry() -> MigGeometry:
@@ -61,7 +62,8 @@ def telemetry(index: int, **overrides: object) -> Telemetry:
         utilization_gpu_ratio=0.5,
         utilization_memory_ratio=0.25,
         memory_used_bytes=GIB,
-        memory_free_bytes=79 * GIB,
+        memory_free_bytes=79 * GIB - 512 * MIB,
+        memory_reserved_bytes=512 * MIB,
         temperature_celsius=41.0,
         temperature_slowdown_celsius=90.0,
         power_watts=120.5,

@@ -12,6 +12,7 @@ from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import EventKind, Placement, Telemetry
 from nodeagent.sim.control import SimControl
+from nodeagent.sim.models import MIB, model
 
 MakeNode = Callable[..., GpuNode]
 
@@ -31,10 +32,32 @@ def control(sim_state_dir: Path) -> SimControl:
     return SimControl(sim_state_dir)
 
 
+@pytest.mark.parametrize(
+    ("driver", "reserved_mib"),
+    [
+        pytest.param("570.124.06", 336, id="v2: reserved apart, as nvidia-smi shows it"),
+        pytest.param("470.256.02", None, id="R470 has v1 only: reserved counted as used"),
+    ],
+)
+def test_memory_reads_v2_and_falls_back_to_v1(
+    h100: GpuNode, control: SimControl, driver: str, reserved_mib: int | None
+) -> None:
+    control.inject("driver", 0, version=driver)
+    control.add_process(0, used_memory_mib=1000)
+    sample = h100.telemetry(0)
+    assert sample.memory_reserved_bytes == (None if reserved_mib is None else reserved_mib * MIB)
+    h100_reserved = model("h100-80").reserved_mib * MIB
+    allocated = sample.memory_used_bytes - (h100_reserved if reserved_mib is None else 0)
+    assert allocated >= 1000 * MIB  # the process's memory, plus the idle driver context
+    assert sample.memory_free_bytes == h100.info(0).memory_total_bytes - allocated - h100_reserved
+
+
 def test_idle_telemetry_is_in_base_units(h100: GpuNode) -> None:
     sample = h100.telemetry(0)
     assert sample.gpu_index == 0
-    assert sample.memory_used_bytes + sample.memory_free_bytes == h100.info(0).memory_total_bytes
+    assert sample.memory_reserved_bytes is not None
+    total = sample.memory_used_bytes + sample.memory_reserved_bytes + sample.memory_free_bytes
+    assert total == h100.info(0).memory_total_bytes
     assert sample.power_watts is not None
     assert sample.power_limit_watts == 700.0  # H100 SXM: NVML's 700000 mW
     assert 0 < sample.power_watts < sample.power_limit_watts

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pynvml
 import pytest
 
 from nodeagent.sim.control import SimControl
-from nodeagent.sim.nvml import SimNvml
 
 MIB = 1024 * 1024
 BIN = Path(sys.executable).parent
@@ -46,7 +44,6 @@ class Node:
 
     env: dict[str, str]
     pids: dict[str, int]  # "mig" (on GPU 0's 3g.40gb), "gpu" (on the thermal GPU)
-    reserved_mib: dict[int, int]  # per GPU, what NVML v2 reports as reserved
     gpus: list[dict[str, Any]]  # nodeagent gpus --json
     status: list[dict[str, Any]]  # nodeagent status --json
     mig: dict[int, list[dict[str, Any]]]  # nodeagent mig show --json, instances per GPU
@@ -102,22 +99,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         }
         control.inject("thermal", THERMAL_GPU)
         control.inject("nvml-error", POWER_FAULT_GPU, function="nvmlDeviceGetPowerUsage")
-        sim = SimNvml(state)
-        sim.nvmlInit()
-        reserved = {
-            i: sim.nvmlDeviceGetMemoryInfo(
-                sim.nvmlDeviceGetHandleByIndex(i), pynvml.nvmlMemory_v2
-            ).reserved
-            // MIB
-            for i in range(8)
-        }
-        sim.nvmlShutdown()
         mig_show = json.loads(_run(env, "mig", "show", "--json"))
         report = Path(__file__).with_name("nvitop_report.py")
         yield Node(
             env=env,
             pids=pids,
-            reserved_mib=reserved,
             gpus=json.loads(_run(env, "gpus", "--json")),
             status=json.loads(_run(env, "status", "--json"))["gpus"],
             mig={g["index"]: g["instances"] for g in mig_show["gpus"]},
@@ -143,9 +129,8 @@ def test_gpustat_reports_what_nodeagent_reports(node: Node, index: int) -> None:
     theirs, info, status = node.gpustat[index], node.gpus[index], node.status[index]
     assert (theirs["index"], theirs["uuid"], theirs["name"]) == (index, info["uuid"], info["name"])
     assert theirs["memory.total"] == info["memory_total_bytes"] // MIB
-    # gpustat reads memory v2, where reserved memory is apart; the GPU layer reads v1, which
-    # counts it as used.
-    assert theirs["memory.used"] == status["memory_used_bytes"] // MIB - node.reserved_mib[index]
+    # Both read memory info v2: "used" leaves out what the driver and firmware reserve.
+    assert theirs["memory.used"] == status["memory_used_bytes"] // MIB
     assert theirs["temperature.gpu"] == status["temperature_celsius"]
     assert theirs["utilization.gpu"] == _percent(status["utilization_ratio"])
     watts = status["power_watts"]
@@ -168,8 +153,7 @@ def test_nvitop_reports_what_nodeagent_reports(node: Node, index: int) -> None:
     theirs, info, status = node.nvitop[index], node.gpus[index], node.status[index]
     assert (theirs["uuid"], theirs["name"]) == (info["uuid"], info["name"])
     assert theirs["memory_total"] == info["memory_total_bytes"]
-    reserved = node.reserved_mib[index] * MIB
-    assert theirs["memory_used"] == status["memory_used_bytes"] - reserved
+    assert theirs["memory_used"] == status["memory_used_bytes"]
     assert theirs["utilization"] == _percent(status["utilization_ratio"])
     assert theirs["temperature"] == status["temperature_celsius"]
     watts = status["power_watts"]
