@@ -52,7 +52,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         ),
         "1",
         "Static facts of a GPU; always 1. mig_mode is enabled, disabled, or pending-enable / "
-        "pending-disable while a mode change waits for a reset.",
+        "pending-disable while a mode change is pending (its activation failed, or the driver "
+        "waits for a reset).",
         "inventory",
     ),
     MetricSpec(

@@ -64,6 +64,7 @@ class GpuReport:
     created: list[MigSlot] = field(default_factory=list)
     mode_change: str | None = None  # "enable" / "disable" when requested
     reset_required: str | None = None  # why the mode change still waits for a reset
+    reset: bool = False  # this apply reset the GPU to make a pending mode current
     errors: list[str] = field(default_factory=list)
     holds: list[MigSlot] = field(default_factory=list)  # the instances on the GPU at the end
     creatable: dict[str, int] = field(default_factory=dict)
@@ -353,14 +354,13 @@ def _apply_mode(
             _destroy(node, index, gi, step)
             r.destroyed.append(gi.slot)
     r.mode_change = "enable" if w.target.mig_enabled else "disable"
-    info = node.info(index)
-    reason = None
-    if info.mig_pending != w.target.mig_enabled:
-        step(f"GPU {index}: set MIG mode {r.mode_change}")
-        change = node.set_mig_mode(index, w.target.mig_enabled)
-        if not change.reset_required and change.current == w.target.mig_enabled:
-            return True
-        reason = change.reason
+    # Requested even when it is pending already: the driver switches a GPU that has gone idle
+    # since (nvml.h: "idle the device and retry setting the mode"), so no reset is needed.
+    step(f"GPU {index}: set MIG mode {r.mode_change}")
+    change = node.set_mig_mode(index, w.target.mig_enabled)
+    if not change.reset_required and change.current == w.target.mig_enabled:
+        return True
+    reason = change.reason
     if allow_reset:
         procs = [p for p in node.telemetry(index).processes]
         if procs:
@@ -369,6 +369,7 @@ def _apply_mode(
             return False
         step(f"GPU {index}: reset")
         node.reset_gpu(index)
+        r.reset = True
         return node.info(index).mig_enabled == w.target.mig_enabled
     r.reset_required = (
         "reset required: "

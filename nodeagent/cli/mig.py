@@ -254,7 +254,7 @@ def _print_report(
     for g in report.gpus:
         lines = []
         if g.mode_change:
-            lines.append(f"  MIG mode: {g.mode_change}")
+            lines.append(f"  MIG mode: {g.mode_change}" + (" (GPU reset)" if g.reset else ""))
         lines += [f"  - destroy {d.label}" for d in g.destroyed]
         lines += [f"  - destroy {d.label} (half-made)" for d in g.half_made]
         lines += [f"  + create  {c.label}" for c in g.created]

@@ -43,7 +43,9 @@ class MigModeChange:
     gpu_index: int
     current: bool
     pending: bool
-    reset_required: bool  # the mode takes effect only after a GPU reset
+    # The new mode is not in effect yet (current and pending differ): it takes effect when the
+    # mode is requested again on an idle GPU, or at a GPU reset.
+    reset_required: bool
     reason: str | None  # why the change is not active yet (processes running, say)
 
 
@@ -366,7 +368,12 @@ class MigControl:
         return self.read_instances(index, self._processes(index))
 
     def set_mig_mode(self, index: int, enabled: bool) -> MigModeChange:
-        """Request MIG on or off. A change that needs a reset is reported, not an error."""
+        """Request MIG on or off; a change that does not take effect is reported, not an error.
+
+        An idle GPU switches at once: Hopper and newer need no reset, and on Ampere the driver
+        resets the GPU itself (nvml.h: the call "may unbind or reset the device"). The mode stays
+        pending when the activation fails, IN_USE while a process or client holds the GPU.
+        """
         h = self._nvml.handle(index)
         mode = self._nvml.const(
             "NVML_DEVICE_MIG_ENABLE" if enabled else "NVML_DEVICE_MIG_DISABLE", 1
@@ -378,7 +385,10 @@ class MigControl:
         reset_required = current != pending
         reason: str | None = None
         if activation == errors.NVML_ERROR_IN_USE:
-            reason = "the GPU is in use (processes or clients attached); stop them, then reset it"
+            reason = (
+                "the GPU is in use (processes or other clients hold it); once they stop, the "
+                "mode can be requested again or the GPU reset"
+            )
         elif activation == errors.NVML_ERROR_RESET_REQUIRED:
             reason = "the GPU cannot be reset here (passthrough); reboot the machine or VM"
         elif activation != errors.NVML_SUCCESS:

@@ -188,12 +188,13 @@ class GpuInfo:
     vbios_version: str | None
     mig_capable: bool
     mig_enabled: bool  # current mode
-    mig_pending: bool  # the mode that takes effect at the next reset (pending target)
+    mig_pending: bool  # the requested mode; differs from mig_enabled while a change is pending
     minor_number: int | None = None
 
     @property
     def mig_change_pending(self) -> bool:
-        """A mode change waits for a GPU reset (current and pending modes differ)."""
+        """A mode change is pending (current and pending modes differ): its activation failed,
+        or the driver waits for a reset."""
         return self.mig_enabled != self.mig_pending
 
 

@@ -196,7 +196,7 @@ class SimControl:
         self._change(index, None, lambda s: ops.reset_gpu(s, index, now), what="reset")
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
-        """Set the pending MIG mode (takes effect at ``reset_gpu``)."""
+        """Request a MIG mode, as ``nvmlDeviceSetMigMode`` does (see ``ops.set_mig_mode``)."""
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         now = self.clock()
         self._change(

@@ -10,7 +10,7 @@ public ``nvidia-smi mig -lgi`` outputs: the upper half of the memory slices fill
 profile's last legal slot there, then the others from the bottom up), then the lower half from
 the bottom up. That keeps 0:4, the one place a 4g fits, free the longest.
 
-Two driver behaviours that the agent's GPU layer depends on are switchable per node
+Two driver behaviours that the agent depends on are switchable per node
 (:data:`SEMANTICS`, ``SimControl.set_semantics``); see docs/simulator.md.
 """
 
@@ -60,8 +60,8 @@ FAULT_KINDS = (
     "nvml-error",
 )
 
-# Driver behaviours that differ from what the simulator did first, switchable per node because
-# code outside the simulator was written against the old ones (docs/simulator.md, "Semantics").
+# Driver behaviours nodeagent must handle either way, switchable per node; the defaults are what
+# current drivers do (docs/simulator.md, "Semantics").
 SEMANTICS: dict[str, bool] = {
     # nvmlDeviceSetMigMode takes effect at once on an idle GPU: Hopper and newer need no reset,
     # and Ampere's driver resets the GPU itself when it can (MIG User Guide, "GPU Reset on
@@ -148,9 +148,10 @@ def set_mig_mode(state: State, index: int, mode: int, now: float | None = None) 
     """Set the MIG mode; return the activation status NVML would report.
 
     The status is IN_USE while processes run on the GPU (the driver could not unbind it), else
-    SUCCESS. By default the mode becomes current only at a GPU reset (``reset_gpu``); with the
-    ``mig_mode_applies_at_once`` semantics an idle GPU switches at once, as the driver does
-    (resetting an Ampere GPU itself), and a busy one stays pending.
+    SUCCESS. With the ``mig_mode_applies_at_once`` semantics (the default) an idle GPU switches
+    at once, as the driver does (resetting an Ampere GPU itself), and a busy one stays pending
+    until the mode is requested again on the idle GPU or the GPU is reset (``reset_gpu``);
+    without it every change waits for the reset.
     """
     gpu = get_gpu(state, index)
     require_mig_capable(gpu)

@@ -400,8 +400,8 @@ def test_profile_info_with_mig_disabled_follows_the_semantics(make_sim, control_
     sim = make_sim("dgx-h100")
     handle = sim.nvmlDeviceGetHandleByIndex(0)
     # The default is the driver's: profile info (every entry point) is NOT_SUPPORTED while MIG
-    # is disabled (nvml.h), and the placements stay readable whatever the mode (nvml.h of R560+
-    # says so in as many words).
+    # is disabled (nvml.h), and the placements stay readable whatever the mode (the NVML 13
+    # reference says so in as many words).
     for call in (
         lambda: sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0),
         lambda: sim.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0, version=1),
