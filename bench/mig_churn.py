@@ -20,9 +20,11 @@ served
 
 Policies: nodeagent (``nodeagent_mig.planner.place_on_node``: the placement whose GPU loses the
 least future capacity, largest profiles first, then the fuller GPU), lowest-free-slot first-fit, and
-the driver-default heuristic the simulator implements (``nodeagent.sim.ops.default_start``:
-size-1 profiles take slot 6 when free, else the lowest free slot; others the highest free legal
-placement), both on the lowest-numbered GPU where the profile fits.
+the driver-default heuristic the simulator implements for ``nvmlDeviceCreateGpuInstance``
+without a placement (``nodeagent.sim.ops.default_start``: the upper half of the memory slices
+fills first, the profile's last legal start there, then its other starts there from the bottom
+up, then the lower half from the bottom up; on the 8-slice parts 1g 6, 4, 5, 0, 1, 2, 3, 2g 4,
+0, 2 and 3g 4, 0), both on the lowest-numbered GPU where the profile fits.
 
 Reported per trace: the share of served requests served without disturbing running instances
 (in place), instances disturbed, the share rejected, and the mean fragmentation ratio over GPUs
@@ -90,9 +92,8 @@ def driver_default(
     for g, gpu in enumerate(node):
         if not _room(geometry, gpu, profile):
             continue
-        start = default_start(
-            starts, memory_slices_of(prof), [(i.placement.start, i.placement.size) for i in gpu]
-        )
+        taken = [(i.placement.start, i.placement.size) for i in gpu]
+        start = default_start(starts, memory_slices_of(prof), taken, geometry.memory_slices)
         assert start is not None  # _room found a free legal placement
         return g, next(pl for pl in prof.placements if pl.start == start)
     return None
