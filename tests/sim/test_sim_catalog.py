@@ -8,6 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from nodeagent import migcatalog
 from nodeagent.sim import models, presets
 from nodeagent.sim.nvml import SimNvml
 from tests.sim.conftest import enable_mig
@@ -304,3 +305,12 @@ def test_thresholds_and_reserved_memory(make_sim, key, thresholds, reserved):
     assert v1.used == v2.used + v2.reserved  # the old API counts reserved memory as used
     assert v1.free == v2.free == v1.total - v1.used
     assert v1.total == v2.total == models.model(key).memory_mib * models.MIB
+
+
+@pytest.mark.parametrize("key", [k for k, m in models.MODELS.items() if m.mig_capable])
+def test_the_catalog_finds_each_mig_model_by_its_pci_id_and_memory(key):
+    """The GPU layer looks a MIG-disabled GPU up by what NVML reports; it must find this table."""
+    model = models.model(key)
+    assert migcatalog.lookup(model.pci_device_id, model.memory_mib) is model.mig
+    assert model.mig is not None
+    assert model.mig.key == key
