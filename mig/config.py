@@ -109,7 +109,9 @@ class DeviceSpec(Schema):
         return self
 
 
-class _LayoutFile(Schema):
+class LayoutSchema(Schema):
+    """A layout file as written: named layouts, each a non-empty list of device entries."""
+
     mig_configs: dict[str, Annotated[tuple[DeviceSpec, ...], Field(min_length=1)]] = Field(
         alias="mig-configs"
     )
@@ -157,15 +159,19 @@ class Hook(Schema):
     workdir: str | None = None
 
 
-class _Hooks(Schema):
+class HookLists(Schema):
+    """The commands of each hook mig-parted knows, in the order they run."""
+
     apply_start: tuple[Hook, ...] = Field((), alias="apply-start")
     pre_apply_mode: tuple[Hook, ...] = Field((), alias="pre-apply-mode")
     pre_apply_config: tuple[Hook, ...] = Field((), alias="pre-apply-config")
     apply_exit: tuple[Hook, ...] = Field((), alias="apply-exit")
 
 
-class _HooksFile(Schema):
-    hooks: _Hooks = Field(default_factory=_Hooks)
+class HooksSchema(Schema):
+    """A hooks file as written."""
+
+    hooks: HookLists = Field(default_factory=HookLists)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +201,7 @@ def load_config(path: Path | str) -> MigConfigFile:
 
 
 def _layouts(doc: Document) -> MigConfigFile:
-    parsed = validate_document(_LayoutFile, doc, kind=LAYOUT_KIND)
+    parsed = validate_document(LayoutSchema, doc, kind=LAYOUT_KIND)
     return MigConfigFile(doc.name, parsed.mig_configs, doc)
 
 
@@ -218,7 +224,7 @@ def load_hooks(path: Path | str) -> HooksFile:
 
 
 def _hooks(doc: Document) -> HooksFile:
-    parsed = validate_document(_HooksFile, doc, kind=HOOKS_KIND).hooks
+    parsed = validate_document(HooksSchema, doc, kind=HOOKS_KIND).hooks
     return HooksFile(
         doc.name, {name: getattr(parsed, name.replace("-", "_")) for name in HOOK_NAMES}
     )

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BeforeValidator, Field, PlainValidator, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from nodeagent.config.errors import FieldError
 from nodeagent.config.loader import Schema
@@ -90,13 +90,13 @@ class NvidiaSharedResource(Schema):
     rename: str | None = Field(
         None, description="advertise under this name; only `<name>.shared` is supported"
     )
-    devices: Annotated[Literal["all"] | int | tuple[str, ...], PlainValidator(_replica_devices)] = (
-        Field(
-            "all",
-            description='"all", a count, or GPU indices/UUIDs; an index the node lacks stops '
-            "the agent at start",
-            json_schema_extra={"type": "all, a count, or a list of GPU indices / UUIDs"},
-        )
+    devices: Annotated[
+        Literal["all"] | int | tuple[str, ...], BeforeValidator(_replica_devices)
+    ] = Field(
+        "all",
+        description='"all", a count, or GPU indices/UUIDs; an index the node lacks stops '
+        "the agent at start",
+        json_schema_extra={"type": "all, a count, or a list of GPU indices / UUIDs"},
     )
 
     @field_validator("name")
