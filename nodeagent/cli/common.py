@@ -110,6 +110,14 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
         fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")
 
 
+GIB = 1024**3
+
+
+def gib(n_bytes: float, decimals: int = 1) -> str:
+    """A byte count in GiB for a table cell (``"79.6"``); the caller adds the unit."""
+    return f"{n_bytes / GIB:.{decimals}f}"
+
+
 def emit_json(data: Any) -> None:
     """Print ``data`` as indented JSON on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
