@@ -185,6 +185,8 @@ class BreakerPolicy(Schema):
 class DrainPolicy(Schema):
     """How a drain evicts pods."""
 
+    ordered = (("pdb_backoff_initial_s", "pdb_backoff_max_s"),)
+
     max_grace_period_s: int = Field(
         480,
         ge=0,
@@ -207,14 +209,6 @@ class DrainPolicy(Schema):
         lbl.QUARANTINE_TAINT, min_length=1, description="taint put on a node being drained"
     )
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
-
-    @model_validator(mode="after")
-    def _backoff_ordered(self) -> Self:
-        if self.pdb_backoff_max_s < self.pdb_backoff_initial_s:
-            found = FieldError()
-            found.add("pdb_backoff_initial_s", "must not exceed pdb_backoff_max_s")
-            raise found
-        return self
 
 
 def _gpu_nodes() -> Selector:

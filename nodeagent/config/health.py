@@ -21,6 +21,14 @@ Threshold = Annotated[float, Field(gt=0, le=1e6)]
 class HealthSection(Schema):
     """Health checks, the stability score and how long a device must be quiet to recover."""
 
+    # A node leaves a level below the score that made it enter (hysteresis), and degrades
+    # before it turns unstable.
+    ordered = (
+        ("degraded_exit", "degraded_enter"),
+        ("unstable_exit", "unstable_enter"),
+        ("degraded_enter", "unstable_enter"),
+    )
+
     enabled: bool = Field(True, description="run the health checks, score and reporter")
     recovery_quiet_s: float = Field(
         300.0, ge=0, le=7 * DAY_S, description="a cleared condition must stay clear this long"
@@ -83,19 +91,13 @@ class HealthSection(Schema):
     )
 
     @model_validator(mode="after")
-    def _thresholds_are_ordered(self) -> Self:
-        found = FieldError()
-        if self.degraded_exit > self.degraded_enter:
-            found.add("degraded_exit", "must not exceed degraded_enter (exit below enter)")
-        if self.unstable_exit > self.unstable_enter:
-            found.add("unstable_exit", "must not exceed unstable_enter (exit below enter)")
-        if self.degraded_enter > self.unstable_enter:
-            found.add("degraded_enter", "must not exceed unstable_enter")
+    def _xids_in_one_list(self) -> Self:
         both = set(self.ignore_xids) & set(self.fatal_xids)
         if both:
             listed = ", ".join(str(c) for c in sorted(both))
+            found = FieldError()
             found.add(
                 "fatal_xids", f"XIDs {listed} are in both ignore_xids and fatal_xids; keep one"
             )
-        found.raise_any()
+            raise found
         return self

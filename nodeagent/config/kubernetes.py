@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from nodeagent.config.errors import FieldError
 from nodeagent.config.loader import Schema
 
 
 class KubernetesSection(Schema):
     """API server access for node conditions, labels and taints."""
+
+    ordered = (("retry_initial_s", "retry_max_s"),)
 
     enabled: bool = Field(
         False, description="outside Kubernetes the same facts go to the state file and metrics"
@@ -28,11 +28,3 @@ class KubernetesSection(Schema):
     retry_max_s: float = Field(
         30.0, ge=0.01, le=3600, description="retry delays double up to this, seconds"
     )
-
-    @model_validator(mode="after")
-    def _retry_delays_ordered(self) -> Self:
-        if self.retry_initial_s > self.retry_max_s:
-            found = FieldError()
-            found.add("retry_initial_s", "must not exceed retry_max_s")
-            raise found
-        return self

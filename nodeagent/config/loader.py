@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -58,10 +58,23 @@ class Schema(BaseModel):
         defer_build=True,
     )
 
+    # Pairs of fields (low, high) whose values must not cross: retry delays, score thresholds.
+    ordered: ClassVar[tuple[tuple[str, str], ...]] = ()
+
     @model_validator(mode="before")
     @classmethod
     def _empty_section_takes_defaults(cls, data: Any) -> Any:
         return {} if data is None else data
+
+    @model_validator(mode="after")
+    def _ordered_pairs(self) -> Self:
+        found = FieldError()
+        fields = type(self).model_fields
+        for low, high in self.ordered:
+            if getattr(self, low) > getattr(self, high):
+                found.add(key_of(low, fields[low]), f"must not exceed {key_of(high, fields[high])}")
+        found.raise_any()
+        return self
 
 
 def load_file(

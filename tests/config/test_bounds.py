@@ -117,6 +117,11 @@ def problems(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -
             id="xid",
         ),
         pytest.param(
+            "health: {degraded_exit: 5}\nkubernetes: {retry_initial_s: 50, retry_max_s: 10}\n",
+            "agent.yaml:3: kubernetes.retry_initial_s: must not exceed retry_max_s",
+            id="crossed-pair",
+        ),
+        pytest.param(
             "pools:\n  'my pool': {}\nnode: {pool: 'my pool'}\n",
             "agent.yaml:3: pools.my pool: 'my pool' must be a valid label value",
             id="pool-name",
