@@ -61,6 +61,13 @@ class Schema(BaseModel):
     # Pairs of fields (low, high) whose values must not cross: retry delays, score thresholds.
     ordered: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        unknown = sorted({name for pair in cls.ordered for name in pair} - set(cls.model_fields))
+        if unknown:  # a typo here would otherwise surface as a KeyError while validating
+            raise TypeError(f"{cls.__name__}.ordered names no field {unknown}")
+
     @model_validator(mode="before")
     @classmethod
     def _empty_section_takes_defaults(cls, data: Any) -> Any:
@@ -77,23 +84,13 @@ class Schema(BaseModel):
         return self
 
 
-def load_file(
-    model: type[M],
-    path: Path,
-    *,
-    kind: str,
-    extra: Mapping[str, Any] | None = None,
-    origins: Mapping[FieldPath, str] | None = None,
-) -> M:
+def load_file(model: type[M], path: Path, *, kind: str) -> M:
     """Read ``path`` and validate it as ``model`` (``kind`` names the format in messages).
-
-    ``extra`` is merged over the file's data (environment and command-line overrides), with
-    ``origins`` naming where those values came from.
 
     Raises:
         ConfigError: every problem at once, each with file, line and field.
     """
-    return validate_document(model, read_document(path), kind=kind, extra=extra, origins=origins)
+    return validate_document(model, read_document(path), kind=kind)
 
 
 def validate_document(
@@ -103,11 +100,14 @@ def validate_document(
     kind: str,
     extra: Mapping[str, Any] | None = None,
     origins: Mapping[FieldPath, str] | None = None,
-    context: Mapping[str, Any] | None = None,
 ) -> M:
-    """Validate a parsed document as ``model``; see :func:`load_file`.
+    """Validate a parsed document as ``model``.
 
-    ``context`` is handed to the model's validators (pydantic's validation context).
+    ``extra`` is merged over the file's data (environment and command-line overrides), with
+    ``origins`` naming where those values came from, for messages.
+
+    Raises:
+        ConfigError: every problem at once, each with file, line and field (or origin).
     """
     data = doc.data
     if data is None:
@@ -139,7 +139,7 @@ def validate_document(
     if extra:
         body = deep_merge(body, extra)
     try:
-        return model.model_validate(body, context=dict(context) if context else None)
+        return model.model_validate(body)
     except ValidationError as exc:
         errors = _without_echoes(exc.errors(), body)
         problems = [
@@ -246,39 +246,42 @@ def _choices(expected: str) -> str:
     return expected.replace(" or ", ", ").replace("'", "")
 
 
+# What each of pydantic's error types means, in the words the rest of nodeagent uses.
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected a string",
+    "path_type": "expected a path",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "finite_number": "must be a finite number",
+}
+_BOUNDS = {
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("more than", "gt"),
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("less than", "lt"),
+}
+
+
 def _message(kind: str, error: Any, ctx: Mapping[str, Any]) -> str:
     got = _shown(error.get("input"))
     if kind in ("value_error", "assertion_error"):
         return str(ctx.get("error", error["msg"]))
     if kind in ("enum", "literal_error"):
         return f"{got} is not one of {_choices(str(ctx.get('expected', '')))}"
-    simple = {
-        "int_type": "expected an integer",
-        "int_parsing": "expected an integer",
-        "int_from_float": "expected an integer",
-        "float_type": "expected a number",
-        "float_parsing": "expected a number",
-        "bool_type": "expected true or false",
-        "bool_parsing": "expected true or false",
-        "string_type": "expected a string",
-        "path_type": "expected a path",
-        "dict_type": "expected a mapping",
-        "model_type": "expected a mapping",
-        "model_attributes_type": "expected a mapping",
-        "list_type": "expected a list",
-        "tuple_type": "expected a list",
-        "finite_number": "must be a finite number",
-    }
-    if kind in simple:
-        return f"{simple[kind]}, got {got}"
-    bounds = {
-        "greater_than_equal": ("at least", "ge"),
-        "greater_than": ("more than", "gt"),
-        "less_than_equal": ("at most", "le"),
-        "less_than": ("less than", "lt"),
-    }
-    if kind in bounds:
-        words, key = bounds[kind]
+    if kind in _EXPECTED:
+        return f"{_EXPECTED[kind]}, got {got}"
+    if kind in _BOUNDS:
+        words, key = _BOUNDS[kind]
         return f"must be {words} {plain_number(ctx.get(key))}, got {got}"
     if kind == "too_short":
         least = ctx.get("min_length")

@@ -132,8 +132,11 @@ class AgentConfig(Schema):
         return json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True)
 
     def gpu_indices(self) -> list[tuple[FieldPath, int]]:
-        """Every GPU index this node's policy names, with where (``gpu_sharing`` and NVIDIA's
-        ``devices`` lists; UUIDs are not indices, and other pools describe other nodes)."""
+        """Every GPU index this node's policy names, and where it is named.
+
+        They come from this pool's ``gpu_sharing`` and NVIDIA's ``devices`` lists; UUIDs are
+        not indices, and other pools describe other nodes.
+        """
         out: list[tuple[FieldPath, int]] = [
             (("pools", self.node.pool, "gpu_sharing", key), int(key))
             for key in self.pool.gpu_sharing

@@ -5,6 +5,9 @@ Every command that reads a file is driven with every kind of damage the reader r
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,3 +77,30 @@ def test_bad_file_exits_2_in_error_lines(
     where = f"error: {path}:{line}: " if line is not None else f"error: {path}: "
     assert lines[0].startswith(where), lines
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["mig", "plan", "-c", "x", *SIM, "-f"], id="layout"),
+        pytest.param(["run", *SIM, "-c"], id="agent-config"),
+    ],
+)
+def test_a_real_process_prints_no_traceback(tmp_path: Path, args: list[str]) -> None:
+    """The installed entry point, in its own process: what an operator's shell sees."""
+    path = tmp_path / "file.yaml"
+    path.write_bytes(b"version: v1\nx: !!python/object/apply:os.system [echo owned]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.main", *args, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NODEAGENT_SIM_STATE": str(tmp_path / "sim")},
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[0] == (
+        f"error: {path}:2: YAML tag !!python/object/apply:os.system is not supported; "
+        "nodeagent reads plain YAML (mappings, lists, strings, numbers, true/false): remove the tag"
+    )
+    assert "Traceback" not in result.stderr
