@@ -160,7 +160,7 @@ def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = Fa
     """Resolve the layout and plan every selected GPU; changes nothing.
 
     Raises:
-        MigConfigError: the layout is invalid for this node (every problem listed).
+        ConfigError: the layout is invalid for this node (every problem listed).
     """
     targets = resolve(cfg, name, gpu_facts(node))
     work = []
@@ -525,7 +525,7 @@ def reconcile(
     a reset is reported, and reset only with ``allow_reset`` when no process runs on it.
 
     Raises:
-        MigConfigError: the layout is invalid for this node; nothing was changed.
+        ConfigError: the layout is invalid for this node; nothing was changed.
     """
     prepared = prepare(node, cfg, name, force=force)
     return execute(

@@ -10,22 +10,26 @@ The layout format is mig-parted's ``version: v1`` file, accepted unchanged::
           mig-enabled: true
           mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
 
-Validation collects every problem before failing, each with the file, the line and the field:
+Both formats are schema models read by :mod:`nodeagent.config.loader` (the one mechanism for
+every file nodeagent reads), so every problem is reported at once with its file, line and field:
 structure (unknown fields, wrong types, unknown version) in :func:`parse_config`, and what
 depends on the node (profiles the GPU model offers, counts, placements, selectors) in
-:func:`resolve`.
+:func:`resolve`. Both raise :class:`~nodeagent.config.errors.ConfigError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
-import yaml
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from nodeagent.capacity import rank_order
+from nodeagent.config.errors import ConfigError, FieldError, FieldPath, Problem, dotted
+from nodeagent.config.loader import Schema, validate_document
+from nodeagent.config.yamlfile import Document, parse_document, read_document
 from nodeagent.gpu.protocols import GpuInventory
 from nodeagent.gpu.types import MigGeometry
 from nodeagent_mig.planner import check_layout
@@ -33,47 +37,84 @@ from nodeagent_mig.planner import check_layout
 VERSION = "v1"
 DEFAULT_CONFIG_FILE = Path(__file__).with_name("default-config.yaml")
 HOOK_NAMES = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
+LAYOUT_KIND = "a MIG layout file (mig-parted v1)"
+HOOKS_KIND = "a MIG hooks file (mig-parted hooks v1)"
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a file: where it is and what is wrong."""
-
-    file: str
-    line: int | None
-    field: str  # dotted path, e.g. mig-configs.all-balanced[0].mig-devices.1g.10gb
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return (
-            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        )
+def _all_or_indices(value: Any) -> Any:
+    """``devices``: ``all`` (None here) or a non-empty list of GPU indices."""
+    if value == "all":
+        return None
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("empty list; name GPU indices or use `all`")
+        return value
+    raise ValueError("expected `all` or a list of GPU indices like [0, 1]")
 
 
-class MigConfigError(ValueError):
-    """A layout or hooks file is invalid; ``problems`` lists every problem found."""
+def _pci_id(raw: Any) -> int:
+    value = None
+    if isinstance(raw, str) and raw.lower().startswith("0x"):
+        try:
+            value = int(raw, 16)
+        except ValueError:
+            value = None
+    if value is None or not 0 < value <= 0xFFFFFFFF:
+        raise ValueError(f'{raw!r} is not a PCI device id like "0x233010DE"')
+    return value
 
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
+
+def _one_or_many(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceSpec:
+def _empty_map(value: Any) -> Any:
+    return {} if value is None else value  # `mig-devices:` with nothing under it
+
+
+def _without_zeros(counts: dict[str, int]) -> dict[str, int]:
+    """Zero counts mean "none of this profile": dropped once, here."""
+    if counts and not any(counts.values()):
+        raise ValueError("every count is 0; remove it or give a count")
+    return {k: v for k, v in counts.items() if v}
+
+
+GpuIndex = Annotated[int, Field(strict=True, ge=0)]
+Count = Annotated[int, Field(strict=True, ge=0)]
+PciId = Annotated[int, BeforeValidator(_pci_id)]
+
+
+class DeviceSpec(Schema):
     """One entry of a named layout: which GPUs, MIG on or off, and the profile counts."""
 
-    devices: tuple[int, ...] | None  # None means ``all``
-    mig_enabled: bool
-    mig_devices: Mapping[str, int]
-    device_filter: tuple[int, ...]  # combined PCI device/vendor ids; empty matches every GPU
-    where: str  # where the entry is, for messages: mig-configs.NAME[i]
-    line: int | None
-    lines: Mapping[str, int] = field(default_factory=dict)  # sub-field -> line
+    devices: Annotated[tuple[GpuIndex, ...] | None, BeforeValidator(_all_or_indices)] = Field(
+        description="`all` (None) or a list of GPU indices"
+    )
+    mig_enabled: bool = Field(strict=True, alias="mig-enabled")
+    mig_devices: Annotated[
+        dict[str, Count], BeforeValidator(_empty_map), AfterValidator(_without_zeros)
+    ] = Field(
+        default_factory=dict, alias="mig-devices", description="profile -> count, zeros dropped"
+    )
+    device_filter: Annotated[tuple[PciId, ...], BeforeValidator(_one_or_many)] = Field(
+        (), alias="device-filter", description="PCI device/vendor ids; empty matches every GPU"
+    )
 
-    def line_of(self, sub: str) -> int | None:
-        """The line of a sub-field (``devices``, ``mig-devices.1g.10gb``), else the entry's."""
-        return self.lines.get(sub, self.line)
+    @model_validator(mode="after")
+    def _counts_need_mig(self) -> Self:
+        if not self.mig_enabled and self.mig_devices:
+            found = FieldError()
+            found.add("mig-devices", "must be empty when mig-enabled is false")
+            raise found
+        return self
+
+
+class LayoutSchema(Schema):
+    """A layout file as written: named layouts, each a non-empty list of device entries."""
+
+    mig_configs: dict[str, Annotated[tuple[DeviceSpec, ...], Field(min_length=1)]] = Field(
+        alias="mig-configs"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +123,12 @@ class MigConfigFile:
 
     path: str
     configs: Mapping[str, tuple[DeviceSpec, ...]]
-    name_lines: Mapping[str, int] = field(default_factory=dict)
+    source: Document  # where each layout and entry is, for the messages of :func:`resolve`
+
+    def problem(self, where: FieldPath, message: str) -> Problem:
+        """A problem at ``where`` (relative to ``mig-configs``), with its line."""
+        place = ("mig-configs", *where)
+        return Problem(self.path, self.source.line(place), dotted(place), message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +150,28 @@ class GpuTarget:
     devices: Mapping[str, int]  # profile -> count, zero counts dropped
 
 
-@dataclass(frozen=True, slots=True)
-class Hook:
+class Hook(Schema):
     """One command of a hooks file (mig-parted hooks v1)."""
 
-    command: str
+    command: str = Field(min_length=1, description="a path or a program name")
     args: tuple[str, ...] = ()
-    envs: Mapping[str, str] = field(default_factory=dict)
+    envs: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
+
+
+class HookLists(Schema):
+    """The commands of each hook mig-parted knows, in the order they run."""
+
+    apply_start: tuple[Hook, ...] = Field((), alias="apply-start")
+    pre_apply_mode: tuple[Hook, ...] = Field((), alias="pre-apply-mode")
+    pre_apply_config: tuple[Hook, ...] = Field((), alias="pre-apply-config")
+    apply_exit: tuple[Hook, ...] = Field((), alias="apply-exit")
+
+
+class HooksSchema(Schema):
+    """A hooks file as written."""
+
+    hooks: HookLists = Field(default_factory=HookLists)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,201 +182,52 @@ class HooksFile:
     hooks: Mapping[str, tuple[Hook, ...]]
 
 
-# --- YAML node helpers --------------------------------------------------------------------------
-
-
-class _Reader:
-    """Walks composed YAML nodes, turning them into values and recording problems with lines."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[Problem] = []
-
-    def problem(self, node: yaml.Node | None, where: str, message: str) -> None:
-        line = node.start_mark.line + 1 if node is not None else None
-        self.problems.append(Problem(self.source, line, where, message))
-
-    def compose(self, text: str) -> yaml.Node | None:
-        try:
-            return yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            reason = getattr(exc, "problem", None) or str(exc)
-            self.problems.append(Problem(self.source, line, "", f"not valid YAML: {reason}"))
-            return None
-
-    @staticmethod
-    def scalar(node: yaml.Node) -> Any:
-        return yaml.SafeLoader("").construct_object(node, deep=True)
-
-    def mapping(
-        self, node: yaml.Node, where: str, allowed: Sequence[str] | None = None
-    ) -> Iterator[tuple[str, yaml.Node, yaml.Node]]:
-        """Yield (key, key node, value node); unknown keys (when ``allowed``) are problems."""
-        if not isinstance(node, yaml.MappingNode):
-            self.problem(node, where, "expected a mapping")
-            return
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            sub = f"{where}.{key}" if where else key
-            if key in seen:
-                self.problem(key_node, sub, "given twice")
-                continue
-            seen.add(key)
-            if allowed is not None and key not in allowed:
-                self.problem(key_node, sub, f"unknown field (allowed: {', '.join(allowed)})")
-                continue
-            yield key, key_node, value_node
-
-    def check_version(self, root: yaml.Node) -> None:
-        version = None
-        if isinstance(root, yaml.MappingNode):
-            for key_node, value_node in root.value:
-                if key_node.value == "version":
-                    version = value_node
-        if version is None:
-            self.problem(root, "version", f"missing; add `version: {VERSION}`")
-        elif self.scalar(version) != VERSION:
-            self.problem(
-                version,
-                "version",
-                f"unsupported version {version.value!r}; only {VERSION} is known",
-            )
-
-
-def _parse_pci_id(raw: Any) -> int | None:
-    if not isinstance(raw, str) or not raw.lower().startswith("0x"):
-        return None
-    try:
-        value = int(raw, 16)
-    except ValueError:
-        return None
-    return value if 0 < value <= 0xFFFFFFFF else None
-
-
-def parse_config(text: str, source: str = "<config>") -> MigConfigFile:
+def parse_config(text: str | bytes, source: str = "<config>") -> MigConfigFile:
     """Parse a mig-parted v1 layout file.
 
     Raises:
-        MigConfigError: every structural problem, each with file, line and field.
+        ConfigError: every structural problem, each with file, line and field.
     """
-    r = _Reader(source)
-    root = r.compose(text)
-    configs: dict[str, tuple[DeviceSpec, ...]] = {}
-    name_lines: dict[str, int] = {}
-    if root is None:
-        if not r.problems:
-            r.problem(None, "", "the file is empty; it needs `version: v1` and `mig-configs`")
-        raise MigConfigError(r.problems)
-    r.check_version(root)
-    found_configs = False
-    for key, _key_node, value in r.mapping(root, "", ("version", "mig-configs")):
-        if key != "mig-configs":
-            continue
-        found_configs = True
-        for name, name_node, specs_node in r.mapping(value, "mig-configs"):
-            name_lines[name] = name_node.start_mark.line + 1
-            where = f"mig-configs.{name}"
-            if not isinstance(specs_node, yaml.SequenceNode) or not specs_node.value:
-                r.problem(specs_node, where, "expected a non-empty list of device entries")
-                continue
-            configs[name] = tuple(
-                _parse_spec(r, item, f"{where}[{i}]") for i, item in enumerate(specs_node.value)
-            )
-    if not found_configs and isinstance(root, yaml.MappingNode):
-        r.problem(root, "mig-configs", "missing; add a `mig-configs:` mapping of named layouts")
-    if r.problems:
-        raise MigConfigError(r.problems)
-    return MigConfigFile(source, configs, name_lines)
-
-
-_SPEC_FIELDS = ("devices", "mig-enabled", "mig-devices", "device-filter")
-
-
-def _parse_spec(r: _Reader, node: yaml.Node, where: str) -> DeviceSpec:
-    devices: tuple[int, ...] | None = None
-    enabled: bool | None = None
-    mig_devices: dict[str, int] = {}
-    filters: list[int] = []
-    lines: dict[str, int] = {}
-    have_devices = False
-    md_node: yaml.Node | None = None
-    for key, key_node, value in r.mapping(node, where, _SPEC_FIELDS):
-        sub = f"{where}.{key}"
-        lines[key] = key_node.start_mark.line + 1
-        if key == "devices":
-            have_devices = True
-            raw = r.scalar(value)
-            if raw == "all":
-                devices = None
-            elif isinstance(raw, list) and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
-            ):
-                devices = tuple(raw)
-                if not devices:
-                    r.problem(value, sub, "empty list; name GPU indices or use `all`")
-            else:
-                r.problem(value, sub, "expected `all` or a list of GPU indices like [0, 1]")
-        elif key == "mig-enabled":
-            raw = r.scalar(value)
-            if isinstance(raw, bool):
-                enabled = raw
-            else:
-                r.problem(value, sub, "expected true or false")
-        elif key == "mig-devices":
-            md_node = value
-            if isinstance(value, yaml.ScalarNode) and r.scalar(value) is None:
-                continue  # `mig-devices:` with nothing is an empty map
-            for prof, prof_node, count_node in r.mapping(value, sub):
-                lines[f"mig-devices.{prof}"] = prof_node.start_mark.line + 1
-                count = r.scalar(count_node)
-                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                    r.problem(count_node, f"{sub}.{prof}", "expected a count >= 0")
-                    continue
-                mig_devices[prof] = count
-        elif key == "device-filter":
-            raw = r.scalar(value)
-            items = raw if isinstance(raw, list) else [raw]
-            for item in items:
-                pci = _parse_pci_id(item)
-                if pci is None:
-                    r.problem(value, sub, f'{item!r} is not a PCI device id like "0x233010DE"')
-                else:
-                    filters.append(pci)
-    if not have_devices:
-        r.problem(node, f"{where}.devices", "missing; use `all` or a list of GPU indices")
-    if enabled is None and "mig-enabled" not in lines:
-        r.problem(node, f"{where}.mig-enabled", "missing; use true or false")
-    if enabled is False and any(mig_devices.values()):
-        r.problem(md_node, f"{where}.mig-devices", "must be empty when mig-enabled is false")
-    if mig_devices and not any(mig_devices.values()):
-        r.problem(md_node, f"{where}.mig-devices", "every count is 0; remove it or give a count")
-    return DeviceSpec(
-        devices=devices,
-        mig_enabled=bool(enabled),
-        mig_devices={k: v for k, v in mig_devices.items() if v},
-        device_filter=tuple(filters),
-        where=where,
-        line=node.start_mark.line + 1,
-        lines=lines,
-    )
+    return _layouts(parse_document(text, source))
 
 
 def load_config(path: Path | str) -> MigConfigFile:
     """Read and parse a layout file.
 
     Raises:
-        MigConfigError: the file cannot be read, or any structural problem.
+        ConfigError: the file cannot be read, or any structural problem.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MigConfigError(
-            [Problem(str(path), None, "", f"cannot read: {exc.strerror}")]
-        ) from exc
-    return parse_config(text, str(path))
+    return _layouts(read_document(Path(path)))
+
+
+def _layouts(doc: Document) -> MigConfigFile:
+    parsed = validate_document(LayoutSchema, doc, kind=LAYOUT_KIND)
+    return MigConfigFile(doc.name, parsed.mig_configs, doc)
+
+
+def parse_hooks(text: str | bytes, source: str = "<hooks>") -> HooksFile:
+    """Parse a hooks file in mig-parted's hooks v1 shape.
+
+    Raises:
+        ConfigError: every problem, with file, line and field.
+    """
+    return _hooks(parse_document(text, source))
+
+
+def load_hooks(path: Path | str) -> HooksFile:
+    """Read and parse a hooks file.
+
+    Raises:
+        ConfigError: the file cannot be read, or any problem in it.
+    """
+    return _hooks(read_document(Path(path)))
+
+
+def _hooks(doc: Document) -> HooksFile:
+    parsed = validate_document(HooksSchema, doc, kind=HOOKS_KIND).hooks
+    return HooksFile(
+        doc.name, {name: getattr(parsed, name.replace("-", "_")) for name in HOOK_NAMES}
+    )
 
 
 def gpu_facts(node: GpuInventory) -> list[GpuFacts]:
@@ -336,7 +247,7 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
     """The target layout of every GPU the named layout selects (unselected GPUs are absent).
 
     Raises:
-        MigConfigError: every problem at once: unknown layout name, indices the node lacks,
+        ConfigError: every problem at once: unknown layout name, indices the node lacks,
             profiles the GPU model does not offer, counts beyond capacity, layouts with no
             valid placement, GPUs selected twice, and a layout none of whose entries
             selects a MIG-capable GPU. An entry that selects no GPU beside entries that do
@@ -344,31 +255,26 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
     """
     if name not in cfg.configs:
         names = ", ".join(sorted(cfg.configs)) or "none"
-        raise MigConfigError(
-            [Problem(cfg.path, None, "", f"no layout named {name!r} (the file has: {names})")]
-        )
+        raise ConfigError.single(cfg.path, f"no layout named {name!r} (the file has: {names})")
     # Problems found on several GPUs of the same model are reported once, naming the GPUs.
-    grouped: dict[tuple[int | None, str, str], list[int]] = {}
+    grouped: dict[tuple[FieldPath, str], list[int]] = {}
     plain: list[Problem] = []
 
-    def add(spec: DeviceSpec, sub: str, gpu: int, message: str) -> None:
-        field_name = f"{spec.where}.{sub}" if sub else spec.where
-        grouped.setdefault((spec.line_of(sub), field_name, message), []).append(gpu)
+    def add(entry: int, sub: FieldPath, gpu: int, message: str) -> None:
+        grouped.setdefault(((name, entry, *sub), message), []).append(gpu)
 
     by_index = {g.index: g for g in gpus}
     targets: dict[int, GpuTarget] = {}
-    owner: dict[int, DeviceSpec] = {}
-    for spec in cfg.configs[name]:
+    owner: dict[int, int] = {}  # GPU -> the entry that selected it
+    for entry, spec in enumerate(cfg.configs[name]):
         if spec.devices is None:
             chosen = [g.index for g in gpus]
         else:
             missing = [d for d in spec.devices if d not in by_index]
             if missing:
                 plain.append(
-                    Problem(
-                        cfg.path,
-                        spec.line_of("devices"),
-                        f"{spec.where}.devices",
+                    cfg.problem(
+                        (name, entry, "devices"),
                         f"no GPU {_indices(missing)} on this node (it has GPUs 0-{len(gpus) - 1})"
                         if gpus
                         else f"no GPU {_indices(missing)}: this node has no GPU",
@@ -381,21 +287,19 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
             gpu = by_index[i]
             if i in owner:
                 plain.append(
-                    Problem(
-                        cfg.path,
-                        spec.line,
-                        spec.where,
-                        f"GPU {i} is already selected by {owner[i].where}; "
+                    cfg.problem(
+                        (name, entry),
+                        f"GPU {i} is already selected by mig-configs.{name}[{owner[i]}]; "
                         "narrow `devices` or `device-filter`",
                     )
                 )
                 continue
             if gpu.geometry is None:
                 if spec.mig_enabled and spec.devices is not None:
-                    add(spec, "mig-enabled", i, f"{gpu.model} does not support MIG")
+                    add(entry, ("mig-enabled",), i, f"{gpu.model} does not support MIG")
                 continue  # mig-parted skips non-MIG GPUs under `devices: all`
-            owner[i] = spec
-            if spec.mig_enabled and _check_devices(spec, gpu, gpu.geometry, add):
+            owner[i] = entry
+            if spec.mig_enabled and _check_devices(spec, gpu, gpu.geometry, entry, add):
                 targets[i] = GpuTarget(i, True, dict(spec.mig_devices))
             elif not spec.mig_enabled:
                 targets[i] = GpuTarget(i, False, {})
@@ -406,31 +310,31 @@ def resolve(cfg: MigConfigFile, name: str, gpus: Sequence[GpuFacts]) -> dict[int
     # does not explain a filter that matches nothing), so one run names every problem.
     if not owner and not grouped:
         plain.append(
-            Problem(
-                cfg.path,
-                cfg.name_lines.get(name),
-                f"mig-configs.{name}",
+            cfg.problem(
+                (name,),
                 "selects no MIG-capable GPU on this node (GPUs: "
                 + "; ".join(f"{g.index}={g.model} 0x{g.pci_device_id:08X}" for g in gpus)
                 + ")",
             )
         )
     problems = plain + [
-        Problem(cfg.path, line, fld, f"GPU {_indices(sorted(set(idx)))}: {msg}")
-        for (line, fld, msg), idx in grouped.items()
+        cfg.problem(where, f"GPU {_indices(sorted(set(idx)))}: {msg}")
+        for (where, msg), idx in grouped.items()
     ]
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.field))
-        raise MigConfigError(problems)
+        raise ConfigError(problems)
     return targets
 
 
-def _check_devices(spec: DeviceSpec, gpu: GpuFacts, geometry: MigGeometry, add: Any) -> bool:
+def _check_devices(
+    spec: DeviceSpec, gpu: GpuFacts, geometry: MigGeometry, entry: int, add: Any
+) -> bool:
     """Check one entry's profile counts against one GPU's geometry; False when invalid."""
     ok = True
     offered = ", ".join(rank_order(geometry))
     for prof, count in spec.mig_devices.items():
-        sub = f"mig-devices.{prof}"
+        sub = ("mig-devices", prof)
         found = geometry.profile(prof)
         if found is None:
             if prof.count(".") >= 2 and prof.split(".", 1)[0].endswith("c"):
@@ -440,105 +344,17 @@ def _check_devices(spec: DeviceSpec, gpu: GpuFacts, geometry: MigGeometry, add: 
                 )
             else:
                 why = f"{gpu.model} offers no profile {prof!r} (it offers {offered})"
-            add(spec, sub, gpu.index, why)
+            add(entry, sub, gpu.index, why)
             ok = False
         elif count > found.max_count:
-            add(spec, sub, gpu.index, f"{count} x {prof} asked, at most {found.max_count} fit")
+            add(entry, sub, gpu.index, f"{count} x {prof} asked, at most {found.max_count} fit")
             ok = False
     if ok:
         reason = check_layout(geometry, spec.mig_devices)
         if reason is not None:
-            add(spec, "mig-devices", gpu.index, f"no valid placement: {reason}")
+            add(entry, ("mig-devices",), gpu.index, f"no valid placement: {reason}")
             ok = False
     return ok
-
-
-# --- hooks ----------------------------------------------------------------------------------------
-
-
-def parse_hooks(text: str, source: str = "<hooks>") -> HooksFile:
-    """Parse a hooks file in mig-parted's hooks v1 shape.
-
-    Raises:
-        MigConfigError: every problem, with file, line and field.
-    """
-    r = _Reader(source)
-    root = r.compose(text)
-    hooks: dict[str, tuple[Hook, ...]] = {}
-    if root is None:
-        if not r.problems:
-            r.problem(None, "", "the file is empty; it needs `version: v1` and `hooks`")
-        raise MigConfigError(r.problems)
-    r.check_version(root)
-    for key, _k, value in r.mapping(root, "", ("version", "hooks")):
-        if key != "hooks":
-            continue
-        for hook_name, _hn, entries in r.mapping(value, "hooks", HOOK_NAMES):
-            where = f"hooks.{hook_name}"
-            if not isinstance(entries, yaml.SequenceNode):
-                r.problem(entries, where, "expected a list of commands")
-                continue
-            parsed = []
-            for i, entry in enumerate(entries.value):
-                hook = _parse_hook(r, entry, f"{where}[{i}]")
-                if hook is not None:
-                    parsed.append(hook)
-            hooks[hook_name] = tuple(parsed)
-    if r.problems:
-        raise MigConfigError(r.problems)
-    return HooksFile(source, hooks)
-
-
-def _parse_hook(r: _Reader, node: yaml.Node, where: str) -> Hook | None:
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    envs: dict[str, str] = {}
-    workdir: str | None = None
-    for key, _k, value in r.mapping(node, where, ("command", "args", "envs", "workdir")):
-        raw = r.scalar(value)
-        sub = f"{where}.{key}"
-        if key == "command":
-            if isinstance(raw, str) and raw:
-                command = raw
-            else:
-                r.problem(value, sub, "expected a command (a path or a program name)")
-        elif key == "args":
-            if isinstance(raw, list) and all(isinstance(a, (str, int, float)) for a in raw):
-                args = tuple(str(a) for a in raw)
-            else:
-                r.problem(value, sub, "expected a list of strings")
-        elif key == "envs":
-            if isinstance(raw, dict):
-                envs = {str(k): str(v) for k, v in raw.items()}
-            else:
-                r.problem(value, sub, "expected a mapping of NAME: value")
-        elif key == "workdir":
-            if isinstance(raw, str):
-                workdir = raw
-            else:
-                r.problem(value, sub, "expected a directory path")
-    if command is None:
-        if isinstance(node, yaml.MappingNode) and not any(
-            k.value == "command" for k, _ in node.value
-        ):
-            r.problem(node, f"{where}.command", "missing")
-        return None
-    return Hook(command, args, envs, workdir)
-
-
-def load_hooks(path: Path | str) -> HooksFile:
-    """Read and parse a hooks file.
-
-    Raises:
-        MigConfigError: the file cannot be read, or any problem in it.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MigConfigError(
-            [Problem(str(path), None, "", f"cannot read: {exc.strerror}")]
-        ) from exc
-    return parse_hooks(text, str(path))
 
 
 # --- export -----------------------------------------------------------------------------------

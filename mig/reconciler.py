@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 from nodeagent.atomicfile import write_json_atomic
+from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent_mig.apply import ApplyReport, reconcile
-from nodeagent_mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
+from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class MigReconciler:
                 force=config.mig.force,
                 allow_reset=config.mig.allow_reset,
             )
-        except (MigConfigError, GpuError, OSError) as exc:
+        except (ConfigError, GpuError, OSError) as exc:
             self.last_error = f"MIG layout {layout!r} from {path} not applied: {exc}"
             log.error("%s", self.last_error)
             self._write_status({"layout": layout, "ok": False, "error": str(exc)})

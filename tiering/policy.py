@@ -2,19 +2,27 @@
 
 Tiers are tried in the order they are listed; a node takes the first tier whose selector and
 accepted stabilities match it. Loaded strictly by :mod:`nodeagent.config.loader` (unknown fields
-and versions are errors naming the file and line).
+and versions are errors naming the file and line; every problem is reported at once).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from nodeagent import labels as lbl
-from nodeagent.config.loader import ConfigError, load_dataclass, parse_dataclass
+from nodeagent.config.errors import ConfigError, FieldError
+from nodeagent.config.loader import Schema, load_file, validate_document
+from nodeagent.config.types import LabelValue
+from nodeagent.config.yamlfile import Document
+
+KIND = "a tier policy"
+DAY_S = 86400.0
+MAX_NODES = 100_000  # a count of nodes above any cluster Kubernetes supports (5,000 nodes)
 
 
 class Operator(enum.StrEnum):
@@ -36,24 +44,26 @@ class Stability(enum.StrEnum):
     UNSTABLE = "unstable"
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
+class Requirement(Schema):
     """One expression over a node label."""
 
-    key: str
+    key: str = Field(min_length=1, description="the label")
     operator: Operator
     values: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        needs = {Operator.IN: "some", Operator.NOT_IN: "some", Operator.GT: "one"}
-        needs[Operator.LT] = "one"
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> Self:
+        found = FieldError()
         if self.operator in (Operator.EXISTS, Operator.DOES_NOT_EXIST) and self.values:
-            raise ValueError(f"{self.key}: {self.operator} takes no values")
-        if needs.get(self.operator) == "some" and not self.values:
-            raise ValueError(f"{self.key}: {self.operator} needs at least one value")
-        one = needs.get(self.operator) == "one"
-        if one and (len(self.values) != 1 or not _is_number(self.values[0])):
-            raise ValueError(f"{self.key}: {self.operator} needs exactly one number")
+            found.add("values", f"{self.key}: {self.operator} takes no values")
+        if self.operator in (Operator.IN, Operator.NOT_IN) and not self.values:
+            found.add("values", f"{self.key}: {self.operator} needs at least one value")
+        if self.operator in (Operator.GT, Operator.LT) and (
+            len(self.values) != 1 or not _is_number(self.values[0])
+        ):
+            found.add("values", f"{self.key}: {self.operator} needs exactly one number")
+        found.raise_any()
+        return self
 
     def matches(self, labels: dict[str, str]) -> bool:
         """Whether the labels satisfy this expression."""
@@ -75,18 +85,18 @@ class Requirement:
 
 def _is_number(text: str) -> bool:
     try:
-        float(text)
+        return math.isfinite(float(text))
     except ValueError:
         return False
-    return True
 
 
-@dataclass(frozen=True, slots=True)
-class Selector:
+class Selector(Schema):
     """Labels a node must carry (all of them)."""
 
-    match_labels: dict[str, str] = field(default_factory=dict)
-    match_expressions: tuple[Requirement, ...] = ()
+    match_labels: dict[str, str] = Field(default_factory=dict, description="label: value")
+    match_expressions: tuple[Requirement, ...] = Field(
+        (), description="key, operator (In, NotIn, Exists, DoesNotExist, Gt, Lt), values"
+    )
 
     def matches(self, labels: dict[str, str]) -> bool:
         """Whether every label and expression matches."""
@@ -96,13 +106,23 @@ class Selector:
         return all(req.matches(labels) for req in self.match_expressions)
 
 
-def _check_quantity(name: str, value: int | str) -> None:
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"{name} must not be negative, got {value}")
-        return
-    if not value.endswith("%") or not _is_number(value[:-1]) or not 0 <= float(value[:-1]) <= 100:
-        raise ValueError(f"{name} must be a count or a percentage like '10%', got {value!r}")
+def _quantity(value: Any) -> int | str:
+    """A node count (0..MAX_NODES) or a percentage of the nodes (``"10%"``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= MAX_NODES:
+            raise ValueError(f"a count of nodes must be 0..{MAX_NODES}, got {value}")
+        return value
+    if (
+        isinstance(value, str)
+        and value.endswith("%")
+        and _is_number(value[:-1])
+        and 0 <= float(value[:-1]) <= 100
+    ):
+        return value
+    raise ValueError(f"must be a count or a percentage like '10%', got {value!r}")
+
+
+Quantity = Annotated[int | str, BeforeValidator(_quantity)]
 
 
 def resolve(value: int | str, total: int, *, round_up: bool) -> int:
@@ -113,100 +133,127 @@ def resolve(value: int | str, total: int, *, round_up: bool) -> int:
     return math.ceil(share) if round_up else math.floor(share)
 
 
-@dataclass(frozen=True, slots=True)
-class Tier:
+class Tier(Schema):
     """One tier: which nodes qualify, and how much of it may be out of service."""
 
-    name: str
-    selector: Selector = field(default_factory=Selector)
-    stability: tuple[Stability, ...] = (Stability.STABLE, Stability.DEGRADED)  # accepted health
-    expected_driver_version: str | None = None  # nodes on another driver do not qualify
-    min_healthy: int | str = 0  # nodes (or % of the tier) that must stay in service
-    max_draining: int | str = 1  # drains at once in this tier (a % rounds down, at least 1)
+    name: LabelValue = Field(description="the tier, as the value of the tier label")
+    selector: Selector = Field(default_factory=Selector, description="labels a node must carry")
+    stability: tuple[Stability, ...] = Field(
+        (Stability.STABLE, Stability.DEGRADED), min_length=1, description="accepted health"
+    )
+    expected_driver_version: str | None = Field(
+        None, min_length=1, description="nodes on another driver do not qualify"
+    )
+    min_healthy: Quantity = Field(
+        0, description="nodes (or % of the tier) that must stay in service"
+    )
+    max_draining: Quantity = Field(
+        1, description="drains at once in this tier (a % rounds down, at least 1)"
+    )
 
-    def __post_init__(self) -> None:
-        if not self.name or self.name != self.name.strip() or len(self.name) > 63:
-            raise ValueError(f"tier name {self.name!r} must be a valid label value")
-        _check_quantity(f"tier {self.name}: min_healthy", self.min_healthy)
-        _check_quantity(f"tier {self.name}: max_draining", self.max_draining)
 
-
-@dataclass(frozen=True, slots=True)
-class BudgetPolicy:
+class BudgetPolicy(Schema):
     """Cluster-wide limits on disruption."""
 
-    max_draining: int | str = 1  # drains at once across the cluster (count or %)
-    cooldown_s: float = 600.0  # seconds between starting two drains (draino's drain buffer)
+    max_draining: Quantity = Field(1, description="drains at once across the cluster (count or %)")
+    cooldown_s: float = Field(
+        600.0,
+        ge=0,
+        le=DAY_S,
+        description="seconds between starting two drains (draino's drain buffer)",
+    )
 
-    def __post_init__(self) -> None:
-        _check_quantity("budget.max_draining", self.max_draining)
-        if self.cooldown_s < 0:
-            raise ValueError(f"budget.cooldown_s must not be negative, got {self.cooldown_s}")
 
-
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
+class BreakerPolicy(Schema):
     """Stop every drain when too many nodes turn unstable at once (NVSentinel: 50% in 5 min)."""
 
-    percentage: float = 50.0  # trips when more than this % of nodes turned unstable in the window
-    window_s: float = 300.0  # sliding window, seconds
-    min_unstable: int = 2  # and at least this many nodes (one bad node is never a storm)
+    percentage: float = Field(
+        50.0,
+        gt=0,
+        le=100,
+        description="trips when more than this % of nodes turned unstable in the window",
+    )
+    window_s: float = Field(300.0, ge=1, le=DAY_S, description="sliding window, seconds")
+    min_unstable: int = Field(
+        2,
+        ge=1,
+        le=MAX_NODES,
+        description="and at least this many nodes (one bad node is never a storm)",
+    )
 
-    def __post_init__(self) -> None:
-        if not 0 < self.percentage <= 100:
-            raise ValueError(f"breaker.percentage must be in (0, 100], got {self.percentage}")
-        if self.window_s <= 0:
-            raise ValueError(f"breaker.window_s must be positive, got {self.window_s}")
 
-
-@dataclass(frozen=True, slots=True)
-class DrainPolicy:
+class DrainPolicy(Schema):
     """How a drain evicts pods."""
 
-    max_grace_period_s: int = 480  # eviction grace = min(pod's own, this) (draino: 8 min)
-    timeout_s: float = 3600.0  # a drain with pods left after this is marked failed
-    pdb_backoff_initial_s: float = 5.0  # first retry after a 429 (PDB); doubles per refusal
-    pdb_backoff_max_s: float = 120.0  # retry interval cap (NVSentinel: 10 s doubling to 2 min)
-    taint_key: str = lbl.QUARANTINE_TAINT
-    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    ordered = (("pdb_backoff_initial_s", "pdb_backoff_max_s"),)
 
-    def __post_init__(self) -> None:
-        if self.max_grace_period_s < 0:
-            raise ValueError("drain.max_grace_period_s must not be negative")
-        if self.pdb_backoff_initial_s <= 0 or self.pdb_backoff_max_s < self.pdb_backoff_initial_s:
-            raise ValueError("drain.pdb_backoff_initial_s must be > 0 and <= pdb_backoff_max_s")
+    max_grace_period_s: int = Field(
+        480,
+        ge=0,
+        le=int(DAY_S),
+        description="eviction grace = min(pod's own, this) (draino: 8 min)",
+    )
+    timeout_s: float = Field(
+        3600.0, ge=1, le=7 * DAY_S, description="a drain with pods left after this is marked failed"
+    )
+    pdb_backoff_initial_s: float = Field(
+        5.0, ge=0.1, le=3600, description="first retry after a 429 (PDB); doubles per refusal"
+    )
+    pdb_backoff_max_s: float = Field(
+        120.0,
+        ge=0.1,
+        le=3600,
+        description="retry interval cap (NVSentinel: 10 s doubling to 2 min)",
+    )
+    taint_key: str = Field(
+        lbl.QUARANTINE_TAINT, min_length=1, description="taint put on a node being drained"
+    )
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
 def _gpu_nodes() -> Selector:
-    return Selector(match_expressions=(Requirement(lbl.STABILITY, Operator.EXISTS),))
+    return Selector(match_expressions=(Requirement(key=lbl.STABILITY, operator=Operator.EXISTS),))
 
 
-@dataclass(frozen=True, slots=True)
-class TierPolicy:
+class TierPolicy(Schema):
     """The whole policy file."""
 
-    tiers: tuple[Tier, ...]
-    nodes: Selector = field(default_factory=_gpu_nodes)  # which nodes the service manages
-    quarantine_tier: str = "quarantine"  # tier label of nodes taken out of service
-    recovery_period_s: float = 600.0  # a node must stay stable this long before it returns
-    budget: BudgetPolicy = field(default_factory=BudgetPolicy)
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    drain: DrainPolicy = field(default_factory=DrainPolicy)
-    resync_s: float = 30.0  # full reconcile at least this often, even without changes
+    tiers: tuple[Tier, ...] = Field(min_length=1, description="in order; a node takes the first")
+    nodes: Selector = Field(
+        default_factory=_gpu_nodes, description="which nodes the service manages"
+    )
+    quarantine_tier: LabelValue = Field(
+        "quarantine", description="tier label of nodes taken out of service"
+    )
+    recovery_period_s: float = Field(
+        600.0,
+        ge=0,
+        le=7 * DAY_S,
+        description="a node must stay stable this long before it returns",
+    )
+    budget: BudgetPolicy = Field(default_factory=BudgetPolicy)
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    drain: DrainPolicy = Field(default_factory=DrainPolicy)
+    # The floor keeps the service's API traffic low: changes trigger a pass anyway.
+    resync_s: float = Field(
+        30.0, ge=1, le=3600, description="full reconcile at least this often, even without changes"
+    )
 
-    def __post_init__(self) -> None:
-        if not self.tiers:
-            raise ValueError("tiers: list at least one tier")
-        names = [t.name for t in self.tiers]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"tiers: duplicate tier names {', '.join(duplicates)}")
-        if self.quarantine_tier in names:
-            raise ValueError(
-                f"quarantine_tier {self.quarantine_tier!r} is also a listed tier; pick another"
+    @model_validator(mode="after")
+    def _names_unique(self) -> Self:
+        found = FieldError()
+        seen: dict[str, int] = {}
+        for i, tier in enumerate(self.tiers):
+            if tier.name in seen:
+                found.add(("tiers", i, "name"), f"tier {tier.name!r} is listed twice")
+            seen.setdefault(tier.name, i)
+        if self.quarantine_tier in seen:
+            found.add(
+                "quarantine_tier",
+                f"{self.quarantine_tier!r} is also a listed tier; pick another",
             )
-        if self.recovery_period_s < 0:
-            raise ValueError("recovery_period_s must not be negative")
+        found.raise_any()
+        return self
 
     def tier(self, name: str) -> Tier | None:
         """The tier with this name."""
@@ -214,13 +261,17 @@ class TierPolicy:
 
 
 def load_policy(path: Path) -> TierPolicy:
-    """Load and validate a tier policy file; raises ConfigError naming file, line and field."""
-    return load_dataclass(TierPolicy, path)
+    """Load and validate a tier policy file.
+
+    Raises:
+        ConfigError: every problem at once, naming file, line and field.
+    """
+    return load_file(TierPolicy, path, kind=KIND)
 
 
 def parse_policy(data: Any, source: str = "<policy>") -> TierPolicy:
-    """Validate an already parsed policy mapping."""
-    return parse_dataclass(TierPolicy, data, source=source)
+    """Validate an already parsed policy mapping (raises ConfigError)."""
+    return validate_document(TierPolicy, Document(source, data), kind=KIND)
 
 
 __all__ = [

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import signal
 import threading
@@ -15,8 +13,8 @@ from typing import Any
 from nodeagent.agent import wiring
 from nodeagent.agent.sdnotify import Notifier
 from nodeagent.agent.supervisor import Supervisor
-from nodeagent.config.loader import ConfigError
-from nodeagent.config.schema import AgentConfig, load_agent_config
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.schema import AgentConfig, check_gpu_indices, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotStore
@@ -28,21 +26,9 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0
 
 
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def describe_config(config: AgentConfig) -> str:
     """The effective config as one line of JSON, for the start-up log."""
-    return json.dumps(_jsonable(config), sort_keys=True)
+    return config.describe()
 
 
 class Agent:
@@ -119,8 +105,11 @@ class Agent:
         self.notifier.reloading()
         try:
             config = load_agent_config(self.config_path, overrides=self.config_overrides)
-        except (ConfigError, ValueError) as exc:
-            log.error("reload failed, keeping the running config: %s", exc)
+            check_gpu_indices(config, self.node.count(), self.config_path)
+        except ConfigError as exc:
+            log.error(
+                "reload failed, keeping the running config: %s", "; ".join(map(str, exc.problems))
+            )
             self.notifier.ready("reload failed; running the previous config")
             return False
         self.config = config

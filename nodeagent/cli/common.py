@@ -14,7 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from nodeagent.agent.backend import open_node, simulated_preset
-from nodeagent.config.loader import ConfigError
+from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.errors import DriverNotLoaded, GpuError
 from nodeagent.gpu.node import GpuNode
@@ -66,11 +66,14 @@ def fail(cause: str, hint: str, code: int = EXIT_USAGE) -> NoReturn:
     raise typer.Exit(code)
 
 
-def fail_config(exc: Exception) -> NoReturn:
-    """Exit 2 listing every problem of a config error (one ``error:`` line each) and a hint."""
-    for line in str(exc).splitlines():
-        sys.stderr.write(f"error: {line}\n")
-    sys.stderr.write("hint: fix the file; `docs/config.md` lists every field and its default\n")
+CONFIG_HINT = "fix the file; `docs/config.md` lists every field and its default"
+
+
+def fail_config(exc: ConfigError, hint: str = CONFIG_HINT) -> NoReturn:
+    """Exit 2 listing every problem of a file (one ``error:`` line each), then one hint."""
+    for problem in exc.problems:
+        sys.stderr.write(f"error: {problem}\n")
+    sys.stderr.write(f"hint: {hint}\n")
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -89,7 +92,7 @@ def load_config_or_exit(config: Path | None) -> AgentConfig:
     """The agent config (file, env, defaults), or exit 2 listing every problem."""
     try:
         return load_agent_config(config)
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
         fail_config(exc)
 
 
@@ -105,6 +108,14 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
     except GpuError as exc:
         simulated = simulated_preset(simulate) is not None
         fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")
+
+
+GIB = 1024**3
+
+
+def gib(n_bytes: float, decimals: int = 1) -> str:
+    """A byte count in GiB for a table cell (``"79.6"``); the caller adds the unit."""
+    return f"{n_bytes / GIB:.{decimals}f}"
 
 
 def emit_json(data: Any) -> None:

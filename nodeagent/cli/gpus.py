@@ -13,13 +13,12 @@ from nodeagent.cli.common import (
     SimulateOption,
     StateDirOption,
     emit_json,
+    gib,
     open_node_or_exit,
     print_table,
 )
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.types import GpuInfo, Link
-
-GIB = 1024**3
 
 
 def gpu_to_json(info: GpuInfo) -> dict[str, Any]:
@@ -44,7 +43,7 @@ def gpu_to_json(info: GpuInfo) -> dict[str, Any]:
     }
 
 
-def _mig_cell(info: GpuInfo) -> str:
+def _mig_mode_cell(info: GpuInfo) -> str:
     if not info.mig_capable:
         return "n/a"
     state = "on" if info.mig_enabled else "off"
@@ -82,11 +81,11 @@ def gpus(
             [
                 str(g.index),
                 g.name,
-                f"{g.memory_total_bytes / GIB:.1f} GiB",
+                f"{gib(g.memory_total_bytes)} GiB",
                 g.pci_bus_id,
                 "-" if g.numa_node is None else str(g.numa_node),
                 g.driver_version,
-                _mig_cell(g),
+                _mig_mode_cell(g),
                 g.uuid,
             ]
             if isinstance(g, GpuInfo)

@@ -23,16 +23,17 @@ from nodeagent.capacity import creatable, fragmentation_ratio, rank_order
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
-    EXIT_USAGE,
     JsonOption,
     SimulateOption,
     StateDirOption,
     emit_json,
     fail,
+    fail_config,
     load_config_or_exit,
     open_node_or_exit,
     print_table,
 )
+from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.node import GpuNode
@@ -42,7 +43,6 @@ from nodeagent_mig.config import (
     DEFAULT_CONFIG_FILE,
     GpuTarget,
     HooksFile,
-    MigConfigError,
     MigConfigFile,
     load_config,
     load_hooks,
@@ -98,14 +98,6 @@ MigStateDirOption = Annotated[
 ]
 
 
-def _config_errors(exc: MigConfigError, hint: str) -> NoReturn:
-    """Every problem on its own line, then one hint; exit 2."""
-    for problem in exc.problems:
-        sys.stderr.write(f"error: {problem}\n")
-    sys.stderr.write(f"hint: {hint}\n")
-    raise typer.Exit(EXIT_USAGE)
-
-
 @dataclass(frozen=True, slots=True)
 class _Choice:
     """The layout a command works on and where it came from."""
@@ -127,8 +119,8 @@ def _choose(file: Path | None, name: str | None, agent_path: Path | None) -> _Ch
     path = file or DEFAULT_CONFIG_FILE
     try:
         cfg = load_config(path)
-    except MigConfigError as exc:
-        _config_errors(exc, "fix the file; the format is mig-parted's v1 (see docs/mig.md)")
+    except ConfigError as exc:
+        fail_config(exc, "fix the file; the format is mig-parted's v1 (see docs/mig.md)")
     if name:
         return _Choice(cfg, name, agent=agent)
     if agent is None:
@@ -184,8 +176,8 @@ def _mig_state_dir(
 def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Any:
     try:
         return prepare(node, cfg, name, force=force)
-    except MigConfigError as exc:
-        _config_errors(exc, "nothing was changed; fix the layout for this node's GPUs")
+    except ConfigError as exc:
+        fail_config(exc, "nothing was changed; fix the layout for this node's GPUs")
     except GpuError as exc:
         fail(str(exc), "check the GPUs with `nodeagent mig show`")
 
@@ -381,8 +373,8 @@ def apply(
     if hooks_file is not None:
         try:
             hooks = load_hooks(hooks_file)
-        except MigConfigError as exc:
-            _config_errors(exc, "fix the hooks file (mig-parted hooks v1 shape)")
+        except ConfigError as exc:
+            fail_config(exc, "fix the hooks file (mig-parted hooks v1 shape, see docs/mig.md)")
     if dry:
         _plan(cfg, name, force, simulate, state_dir, as_json)
     node = open_node_or_exit(simulate, state_dir)

@@ -17,9 +17,8 @@ from nodeagent.cli.common import (
     fail_config,
     open_node_or_exit,
 )
-from nodeagent.config.loader import ConfigError
-from nodeagent.config.metrics import MetricsSection
-from nodeagent.config.schema import load_agent_config
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.schema import check_gpu_indices, load_agent_config
 
 
 def run(
@@ -63,10 +62,6 @@ def run(
     if kubelet_dir is not None:
         overrides["device_plugin"] = {"kubelet_dir": str(kubelet_dir)}
     if metrics_address is not None:
-        try:
-            MetricsSection(address=metrics_address)  # validates HOST:PORT
-        except ValueError as exc:
-            fail(f"--metrics-address: {exc}", "")
         overrides["metrics"] = {"address": metrics_address}
     if agent_state_dir is not None:
         overrides["state_dir"] = str(agent_state_dir)
@@ -76,9 +71,14 @@ def run(
         overrides["state_dir"] = str(state_dir / "agent")
     try:
         agent_config = load_agent_config(config, overrides=overrides)
-    except (ConfigError, ValueError) as exc:
+    except ConfigError as exc:
         fail_config(exc)
     node = open_node_or_exit(simulate, state_dir)
+    try:
+        check_gpu_indices(agent_config, node.count(), config)
+    except ConfigError as exc:
+        node.close()
+        fail_config(exc, "name GPUs this node has (`nodeagent gpus` lists them)")
     agent = Agent(
         agent_config,
         node,

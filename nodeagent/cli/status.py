@@ -22,13 +22,13 @@ from nodeagent.cli.common import (
     emit_json,
     fail,
     format_table,
+    gib,
     open_node_or_exit,
 )
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import GpuState, NodeSnapshot
 from nodeagent.health.statefile import read_status
 
-GIB = 1024**3
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + clear screen (ANSI; every terminal nodeagent targets)
 
 
@@ -38,7 +38,7 @@ def _health_by_uuid(status: dict[str, Any] | None) -> dict[str, str]:
     return {d["uuid"]: d["state"] for d in status.get("devices", []) if d.get("parent") is None}
 
 
-def _mig_cell(gpu: GpuState) -> str:
+def _mig_layout_cell(gpu: GpuState) -> str:
     if not gpu.info.mig_enabled:
         return "-"
     profiles: dict[str, int] = {}
@@ -62,7 +62,7 @@ def gpu_row(gpu: GpuState, health: dict[str, str]) -> dict[str, Any]:
         "temperature_celsius": None if t is None else t.temperature_celsius,
         "power_watts": None if t is None else t.power_watts,
         "processes": None if t is None else len(t.processes),
-        "mig": _mig_cell(gpu),
+        "mig": _mig_layout_cell(gpu),
         "health": "lost" if gpu.lost else health.get(gpu.info.uuid, "unknown"),
     }
 
@@ -94,7 +94,7 @@ def render(snapshot: NodeSnapshot, status: dict[str, Any] | None) -> str:
             ),
             "-"
             if r["memory_used_bytes"] is None
-            else f"{r['memory_used_bytes'] / GIB:.1f}/{r['memory_total_bytes'] / GIB:.0f} GiB",
+            else f"{gib(r['memory_used_bytes'])}/{gib(r['memory_total_bytes'], 0)} GiB",
             _fmt(r["temperature_celsius"], "{:.0f}C"),
             _fmt(r["power_watts"], "{:.0f}W"),
             _fmt(r["processes"], "{}"),

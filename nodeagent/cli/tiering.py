@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
-from nodeagent.cli.common import EXIT_OK, JsonOption, emit_json, fail, print_table
-from nodeagent.config.loader import ConfigError
+from nodeagent.cli.common import EXIT_OK, JsonOption, emit_json, fail, fail_config, print_table
+from nodeagent.config.errors import ConfigError
 
 app = typer.Typer(
     name="tiering",
@@ -91,7 +91,7 @@ def _policy(path: Path) -> Any:
     try:
         return load_policy(path)
     except ConfigError as exc:
-        fail(str(exc).splitlines()[0], f"fix the tier policy file {path} (see docs/tiering.md)")
+        fail_config(exc, f"fix the tier policy file {path} (see docs/tiering.md)")
 
 
 @app.command("run")

@@ -1,5 +1,5 @@
-"""Versioned (``version: v1``) configuration: schemas, loading and validation."""
+"""Versioned (``version: v1``) file formats: one schema mechanism, one error type."""
 
-from nodeagent.config.loader import ConfigError, load_dataclass, parse_dataclass
+from nodeagent.config.errors import ConfigError, Problem
 
-__all__ = ["ConfigError", "load_dataclass", "parse_dataclass"]
+__all__ = ["ConfigError", "Problem"]

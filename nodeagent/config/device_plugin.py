@@ -9,13 +9,22 @@ clusters moving over from NVIDIA's plugin, ``device_plugin.sharing`` also accept
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import re
 from pathlib import Path
+from typing import Annotated, Any, Literal, Self
 
-from nodeagent.config.policy import Sharing, SharingMode
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from nodeagent.config.errors import FieldError
+from nodeagent.config.loader import Schema
+from nodeagent.config.policy import MAX_MPS_REPLICAS, MAX_REPLICAS, Sharing, SharingMode
 
 RESOURCE_PREFIX = "nvidia.com/"
 SHARED_SUFFIX = ".shared"
+
+# What NVIDIA's plugin accepts in a `devices` list: a GPU index, a MIG index "gpu:mig", or a
+# GPU / MIG UUID.
+_DEVICE_REF = re.compile(r"^(\d{1,4}|\d{1,4}:\d{1,2}|(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*)$")
 
 
 class MigStrategy(enum.StrEnum):
@@ -40,30 +49,74 @@ class DeviceListStrategy(enum.StrEnum):
         return self in (DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI)
 
 
-@dataclass(frozen=True, slots=True)
-class NvidiaSharedResource:
+def _replica_devices(value: Any) -> Literal["all"] | int | tuple[str, ...]:
+    """NVIDIA's ``devices``: ``all``, a count of GPUs, or a list of indices / UUIDs."""
+    if value == "all":
+        return "all"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"a count of devices must be at least 1, got {value}")
+        return value
+    if isinstance(value, list | tuple) and value:
+        refs = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                raise ValueError(f"{item!r} is not a GPU index or UUID")
+            ref = str(item)
+            if not _DEVICE_REF.match(ref):
+                raise ValueError(f"{ref!r} is not a GPU index, MIG index (0:1) or UUID")
+            refs.append(ref)
+        return tuple(refs)
+    raise ValueError("expected `all`, a count, or a list of GPU indices / UUIDs")
+
+
+def _one_or_many(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class NvidiaSharedResource(Schema):
     """One entry of NVIDIA's ``sharing.<strategy>.resources`` list."""
 
-    name: str = "nvidia.com/gpu"  # resource the replicas apply to (nvidia.com/gpu, mig-...)
-    replicas: int = 2  # devices advertised per physical device; NVIDIA requires at least 2
-    rename: str | None = None  # advertise under this name; only `<name>.shared` is supported
-    devices: int | str | tuple[int | str, ...] = "all"  # "all", a count, or indices/UUIDs
+    name: str = Field(
+        "nvidia.com/gpu", description="resource the replicas apply to (nvidia.com/gpu, mig-...)"
+    )
+    replicas: int = Field(
+        2,
+        ge=2,
+        le=MAX_REPLICAS,
+        description=f"devices advertised per physical device; NVIDIA requires at least 2 "
+        f"(at most {MAX_MPS_REPLICAS} under mps)",
+    )
+    rename: str | None = Field(
+        None, description="advertise under this name; only `<name>.shared` is supported"
+    )
+    devices: Annotated[
+        Literal["all"] | int | tuple[str, ...], BeforeValidator(_replica_devices)
+    ] = Field(
+        "all",
+        description='"all", a count, or GPU indices/UUIDs; an index the node lacks stops '
+        "the agent at start",
+        json_schema_extra={"type": "all, a count, or a list of GPU indices / UUIDs"},
+    )
 
-    def __post_init__(self) -> None:
-        if not self.name.startswith(RESOURCE_PREFIX):
-            raise ValueError(f"resource name {self.name!r} must start with {RESOURCE_PREFIX}")
-        if self.replicas < 2:
-            raise ValueError(
-                f"replicas for {self.name} must be at least 2, got {self.replicas} "
-                "(leave the resource out to keep it exclusive)"
-            )
+    @field_validator("name")
+    @classmethod
+    def _nvidia_resource(cls, name: str) -> str:
+        if not name.startswith(RESOURCE_PREFIX):
+            raise ValueError(f"resource name {name!r} must start with {RESOURCE_PREFIX}")
+        return name
+
+    @model_validator(mode="after")
+    def _supported_rename(self) -> Self:
         if self.rename is not None and self.rename != self.name + SHARED_SUFFIX:
-            raise ValueError(
+            found = FieldError()
+            found.add(
+                "rename",
                 f"rename {self.rename!r} for {self.name} is not supported; "
-                f"use {self.name + SHARED_SUFFIX!r} or renameByDefault"
+                f"use {self.name + SHARED_SUFFIX!r} or renameByDefault",
             )
-        if isinstance(self.devices, str) and self.devices != "all":
-            raise ValueError(f"devices for {self.name} must be 'all', a count or a list")
+            raise found
+        return self
 
     def covers(self, index: int, uuid: str, position: int) -> bool:
         """Whether this entry applies to the GPU (``position``: its rank among the GPUs)."""
@@ -75,25 +128,42 @@ class NvidiaSharedResource:
         return str(index) in wanted or uuid in wanted
 
 
-@dataclass(frozen=True, slots=True)
-class NvidiaSharingStrategy:
+class NvidiaSharingStrategy(Schema):
     """NVIDIA's ``sharing.timeSlicing`` or ``sharing.mps`` block."""
 
-    rename_by_default: bool = field(default=False, metadata={"key": "renameByDefault"})
-    fail_requests_greater_than_one: bool | None = field(
-        default=None, metadata={"key": "failRequestsGreaterThanOne"}
-    )  # None: NVIDIA's default (false for time-slicing, true for MPS)
-    resources: tuple[NvidiaSharedResource, ...] = ()
+    rename_by_default: bool = Field(
+        False, alias="renameByDefault", description="advertise every shared resource as .shared"
+    )
+    fail_requests_greater_than_one: bool | None = Field(
+        None,
+        alias="failRequestsGreaterThanOne",
+        description="None: NVIDIA's default (false for time-slicing, true for MPS)",
+    )
+    resources: tuple[NvidiaSharedResource, ...] = Field(
+        (), description="the resources to share and how many replicas each"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class NvidiaSharing:
+class NvidiaSharing(Schema):
     """NVIDIA's ``sharing`` block; MPS wins when both strategies name a resource (as NVIDIA)."""
 
-    time_slicing: NvidiaSharingStrategy | None = field(
-        default=None, metadata={"key": "timeSlicing"}
+    time_slicing: NvidiaSharingStrategy | None = Field(
+        None, alias="timeSlicing", description="time-slicing, in NVIDIA's shape"
     )
-    mps: NvidiaSharingStrategy | None = None
+    mps: NvidiaSharingStrategy | None = Field(None, description="MPS, in NVIDIA's shape")
+
+    @model_validator(mode="after")
+    def _mps_client_limit(self) -> Self:
+        found = FieldError()
+        for i, entry in enumerate(self.mps.resources if self.mps is not None else ()):
+            if entry.replicas > MAX_MPS_REPLICAS:
+                found.add(
+                    ("mps", "resources", i, "replicas"),
+                    f"at most {MAX_MPS_REPLICAS} under mps (an MPS server's client limit), "
+                    f"got {entry.replicas}",
+                )
+        found.raise_any()
+        return self
 
     def sharing_for(self, resource: str, index: int, uuid: str, position: int) -> Sharing | None:
         """The sharing this block gives one GPU's devices of ``resource``, or None if none."""
@@ -117,64 +187,110 @@ class NvidiaSharing:
                 )
         return None
 
+    def gpu_indices(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Every GPU index a ``devices`` list names, with its place (for the check at start)."""
+        out: list[tuple[tuple[str | int, ...], str]] = []
+        for key, strategy in (("timeSlicing", self.time_slicing), ("mps", self.mps)):
+            for i, entry in enumerate(strategy.resources if strategy is not None else ()):
+                if isinstance(entry.devices, tuple):
+                    for j, ref in enumerate(entry.devices):
+                        index = ref.split(":", 1)[0]
+                        if index.isdigit():
+                            out.append(((key, "resources", i, "devices", j), index))
+        return out
 
-@dataclass(frozen=True, slots=True)
-class MpsSection:
+
+class MpsSection(Schema):
     """The MPS control daemons the plugin runs for GPUs shared through MPS."""
 
-    control_binary: Path = Path("nvidia-cuda-mps-control")  # looked up on PATH when relative
-    root: Path = Path("/run/nodeagent/mps")  # per GPU: <root>/<uuid>/pipe and <root>/<uuid>/log
-    shm_dir: Path = Path("/dev/shm")  # host shared memory mounted at /dev/shm in MPS containers
-    container_pipe_root: Path = Path("/mps")  # where the pipe dir appears in the container
-    start_timeout_s: float = 10.0  # seconds for a daemon to answer before the GPU is withheld
-    check_interval_s: float = 2.0  # seconds between liveness checks of running daemons
+    control_binary: Path = Field(
+        Path("nvidia-cuda-mps-control"), description="looked up on PATH when relative"
+    )
+    root: Path = Field(
+        Path("/run/nodeagent/mps"),
+        description="per GPU: <root>/<uuid>/pipe and <root>/<uuid>/log",
+    )
+    shm_dir: Path = Field(
+        Path("/dev/shm"), description="host shared memory mounted at /dev/shm in MPS containers"
+    )
+    container_pipe_root: Path = Field(
+        Path("/mps"), description="where the pipe dir appears in the container"
+    )
+    start_timeout_s: float = Field(
+        10.0,
+        ge=0.1,
+        le=600,
+        description="seconds for a daemon to answer before the GPU is withheld",
+    )
+    check_interval_s: float = Field(
+        2.0, ge=0.1, le=3600, description="seconds between liveness checks of running daemons"
+    )
 
-    def __post_init__(self) -> None:
-        if self.start_timeout_s <= 0 or self.check_interval_s <= 0:
-            raise ValueError("mps start_timeout_s and check_interval_s must be positive")
 
-
-@dataclass(frozen=True, slots=True)
-class DevicePluginSection:
+class DevicePluginSection(Schema):
     """How GPUs are advertised to the kubelet."""
 
-    enabled: bool = True
-    kubelet_dir: Path = Path("/var/lib/kubelet/device-plugins")  # --kubelet-dir overrides it
-    mig_strategy: MigStrategy = MigStrategy.NONE  # none | single | mixed (NVIDIA's strategies)
-    device_list_strategy: DeviceListStrategy | tuple[DeviceListStrategy, ...] = (
-        DeviceListStrategy.ENVVAR,
-    )  # one strategy or a list: envvar | volume-mounts | cdi-annotations | cdi-cri
-    cdi_annotation_prefix: str = "cdi.k8s.io/"  # annotation key prefix for cdi-annotations
-    cdi_kind: str = "k8s.device-plugin.nvidia.com/gpu"  # CDI vendor/class; names are <kind>=<id>
-    pass_device_specs: bool = False  # also return /dev/nvidia* DeviceSpecs (CPU manager compat)
-    dev_root: Path = Path("/dev")  # where the NVIDIA device nodes live on the host
-    fail_on_init_error: bool = True  # False: a node without GPUs idles instead of crashing
-    health_recovery_quiet_s: float = 60.0  # seconds a cleared fault must stay clear
-    register_retry_initial_s: float = 0.2  # first registration retry delay, doubled up to max
-    register_retry_max_s: float = 30.0  # cap of the registration retry delay
-    mps: MpsSection = field(default_factory=MpsSection)
-    sharing: NvidiaSharing | None = None  # NVIDIA-shaped sharing; see the module docstring
+    ordered = (("register_retry_initial_s", "register_retry_max_s"),)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.device_list_strategy, DeviceListStrategy):
-            object.__setattr__(self, "device_list_strategy", (self.device_list_strategy,))
-        if not self.device_list_strategy:
-            raise ValueError("device_list_strategy must name at least one strategy")
-        if self.health_recovery_quiet_s < 0:
-            raise ValueError(
-                f"health_recovery_quiet_s must be >= 0, got {self.health_recovery_quiet_s}"
-            )
-        if not 0 < self.register_retry_initial_s <= self.register_retry_max_s:
-            raise ValueError("register_retry_initial_s must be > 0 and <= register_retry_max_s")
-        if not self.cdi_annotation_prefix.endswith("/"):
-            raise ValueError(
-                f"cdi_annotation_prefix must end with '/', got {self.cdi_annotation_prefix!r}"
-            )
-        if "/" not in self.cdi_kind or "=" in self.cdi_kind:
-            raise ValueError(f"cdi_kind must look like vendor.com/class, got {self.cdi_kind!r}")
+    enabled: bool = Field(True, description="serve the device plugin to the kubelet")
+    kubelet_dir: Path = Field(
+        Path("/var/lib/kubelet/device-plugins"), description="--kubelet-dir overrides it"
+    )
+    mig_strategy: MigStrategy = Field(
+        MigStrategy.NONE, description="none | single | mixed (NVIDIA's strategies)"
+    )
+    device_list_strategy: Annotated[
+        tuple[DeviceListStrategy, ...], BeforeValidator(_one_or_many)
+    ] = Field(
+        (DeviceListStrategy.ENVVAR,),
+        min_length=1,
+        description="one strategy or a list: envvar | volume-mounts | cdi-annotations | cdi-cri",
+    )
+    cdi_annotation_prefix: str = Field(
+        "cdi.k8s.io/", description="annotation key prefix for cdi-annotations"
+    )
+    cdi_kind: str = Field(
+        "k8s.device-plugin.nvidia.com/gpu",
+        description="CDI vendor/class; names are <kind>=<id>",
+    )
+    pass_device_specs: bool = Field(
+        False, description="also return /dev/nvidia* DeviceSpecs (CPU manager compat)"
+    )
+    dev_root: Path = Field(
+        Path("/dev"), description="where the NVIDIA device nodes live on the host"
+    )
+    fail_on_init_error: bool = Field(
+        True, description="False: a node without GPUs idles instead of crashing"
+    )
+    health_recovery_quiet_s: float = Field(
+        60.0, ge=0, le=86400, description="seconds a cleared fault must stay clear"
+    )
+    register_retry_initial_s: float = Field(
+        0.2, ge=0.01, le=60, description="first registration retry delay, doubled up to max"
+    )
+    register_retry_max_s: float = Field(
+        30.0, ge=0.01, le=3600, description="cap of the registration retry delay"
+    )
+    mps: MpsSection = Field(default_factory=MpsSection)
+    sharing: NvidiaSharing | None = Field(
+        None, description="NVIDIA-shaped sharing (timeSlicing, mps); see docs/device-plugin.md"
+    )
+
+    @field_validator("cdi_annotation_prefix")
+    @classmethod
+    def _prefix_ends_with_slash(cls, prefix: str) -> str:
+        if not prefix.endswith("/"):
+            raise ValueError(f"must end with '/', got {prefix!r}")
+        return prefix
+
+    @field_validator("cdi_kind")
+    @classmethod
+    def _vendor_slash_class(cls, kind: str) -> str:
+        if "/" not in kind or "=" in kind:
+            raise ValueError(f"must look like vendor.com/class, got {kind!r}")
+        return kind
 
     @property
     def strategies(self) -> tuple[DeviceListStrategy, ...]:
-        """The device list strategies as a tuple (a single value in YAML becomes one entry)."""
-        value = self.device_list_strategy
-        return (value,) if isinstance(value, DeviceListStrategy) else value
+        """The device list strategies (a single value in YAML becomes one entry)."""
+        return self.device_list_strategy

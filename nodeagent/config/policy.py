@@ -8,7 +8,35 @@ thresholds and the driver version the pool expects.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import re
+from typing import Annotated, Self
+
+from pydantic import AfterValidator, Field, model_validator
+
+from nodeagent.config.errors import FieldError
+from nodeagent.config.loader import Schema
+
+# Time-slicing has no limit of its own, but every replica is one more device ID the plugin
+# lists to the kubelet on every health change (x7 MIG devices per GPU with `mixed`), and each
+# process on a GPU holds a context of a few hundred MiB: beyond 128 replicas a GPU only gains
+# IDs no workload can use.
+MAX_REPLICAS = 128
+# An MPS server accepts at most 48 client contexts per GPU (Volta and later); replicas beyond
+# that are advertised to pods that then fail to start.
+MAX_MPS_REPLICAS = 48
+MAX_PINNED_MEMORY_MIB = 1024 * 1024  # 1 TiB per replica: above any GPU's memory
+
+_GPU_REF = re.compile(r"^(\d{1,4}|(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*)$")
+
+
+def gpu_ref(text: str) -> str:
+    """A GPU named by index (``"3"``) or UUID (``GPU-...``, ``MIG-...``)."""
+    if not _GPU_REF.match(text):
+        raise ValueError(f'{text!r} names no GPU; use its index ("3") or UUID (GPU-...)')
+    return text
+
+
+GpuRef = Annotated[str, AfterValidator(gpu_ref)]
 
 
 class SharingMode(enum.StrEnum):
@@ -26,39 +54,69 @@ class ReplicaPlacement(enum.StrEnum):
     PACK = "pack"  # on as few physical GPUs as possible
 
 
-@dataclass(frozen=True, slots=True)
-class Sharing:
+class Sharing(Schema):
     """Sharing settings for one GPU or a default for all."""
 
-    mode: SharingMode = SharingMode.EXCLUSIVE  # exclusive, time-slicing or mps
-    replicas: int = 1  # devices advertised per physical device (time-slicing and MPS)
-    rename_shared: bool = False  # advertise `<resource>.shared` for shared devices
-    fail_requests_greater_than_one: bool = False  # reject a pod asking for >1 replica
-    mps_active_thread_percentage: int | None = None  # per replica; default 100 / replicas
-    mps_pinned_memory_limit_mib: int | None = None  # per replica; default memory / replicas
-    replica_placement: ReplicaPlacement = ReplicaPlacement.SPREAD  # for multi-replica requests
+    mode: SharingMode = Field(SharingMode.EXCLUSIVE, description="exclusive, time-slicing or mps")
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description=f"devices advertised per physical device (time-slicing; at most "
+        f"{MAX_MPS_REPLICAS} with mps, an MPS server's client limit)",
+    )
+    rename_shared: bool = Field(
+        False, description="advertise `<resource>.shared` for shared devices"
+    )
+    fail_requests_greater_than_one: bool = Field(
+        False, description="reject a pod asking for >1 replica"
+    )
+    mps_active_thread_percentage: int | None = Field(
+        None, ge=1, le=100, description="per replica; default 100 / replicas"
+    )
+    mps_pinned_memory_limit_mib: int | None = Field(
+        None, ge=1, le=MAX_PINNED_MEMORY_MIB, description="per replica; default memory / replicas"
+    )
+    replica_placement: ReplicaPlacement = Field(
+        ReplicaPlacement.SPREAD, description="for multi-replica requests"
+    )
 
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+    @model_validator(mode="after")
+    def _replicas_fit_the_mode(self) -> Self:
+        found = FieldError()
         if self.mode is SharingMode.EXCLUSIVE and self.replicas != 1:
-            raise ValueError("replicas > 1 needs mode time-slicing or mps")
-        pct = self.mps_active_thread_percentage
-        if pct is not None and not 1 <= pct <= 100:
-            raise ValueError(f"mps_active_thread_percentage must be 1..100, got {pct}")
+            found.add("replicas", "replicas > 1 needs mode time-slicing or mps")
+        if self.mode is SharingMode.MPS and self.replicas > MAX_MPS_REPLICAS:
+            found.add(
+                "replicas",
+                f"at most {MAX_MPS_REPLICAS} with mode mps (an MPS server's client limit), "
+                f"got {self.replicas}",
+            )
+        found.raise_any()
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class PoolPolicy:
+class PoolPolicy(Schema):
     """What one pool wants."""
 
-    mig_layout: str | None = None  # a config name in the MIG layout file; None leaves MIG alone
-    sharing: Sharing = field(default_factory=Sharing)  # default for every GPU
-    gpu_sharing: dict[str, Sharing] = field(
-        default_factory=dict, metadata={"placeholder": "gpu"}
-    )  # per-GPU overrides, keyed by GPU index ("3") or UUID
-    expected_driver_version: str | None = None  # drift is flagged when the node differs
-    request_sizes: tuple[str, ...] = ()  # MIG profiles / "gpu" sizes the pool's jobs ask for
+    mig_layout: str | None = Field(
+        None,
+        min_length=1,
+        description="a config name in the MIG layout file; None leaves MIG alone",
+    )
+    sharing: Sharing = Field(default_factory=Sharing, description="default for every GPU")
+    gpu_sharing: dict[GpuRef, Sharing] = Field(
+        default_factory=dict,
+        description='per-GPU overrides, keyed by GPU index ("3") or UUID; an index the node '
+        "lacks stops the agent at start",
+        json_schema_extra={"placeholder": "gpu"},
+    )
+    expected_driver_version: str | None = Field(
+        None, min_length=1, description="drift is flagged when the node differs"
+    )
+    request_sizes: tuple[str, ...] = Field(
+        (), description='MIG profiles / "gpu" sizes the pool\'s jobs ask for'
+    )
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""

@@ -1,8 +1,9 @@
-"""Render the config reference (every field, type, default, env name, meaning) from the schema.
+"""Render the config reference (every field, type, default, range, env name, meaning).
 
-The schema's dataclasses are the single source: each field's meaning is the trailing comment on
-its line (or the docstring of a nested section). ``docs/config.md`` embeds the output between
-markers, and a test fails when the two differ, so the reference can't drift from the code.
+The schema models are the single source: each field's meaning is its ``description`` (or the
+docstring of a nested section), its range the bounds declared on it. ``docs/config.md`` embeds
+the output between markers, and a test fails when the two differ, so the reference can't drift
+from the code.
 
     python -m nodeagent.config.reference --write docs/config.md
 """
@@ -10,64 +11,47 @@ markers, and a test fails when the two differ, so the reference can't drift from
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
 import inspect
-import io
 import sys
-import tokenize
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from nodeagent.config.loader import is_scalar_type, unwrap_optional
+import annotated_types as at
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from nodeagent.config.loader import is_model, is_scalar, key_of, plain_number, unwrap
 from nodeagent.config.schema import AgentConfig
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE: python -m nodeagent.config.reference -->"
 END = "<!-- END GENERATED REFERENCE -->"
 
-
-def _comments(cls: type) -> dict[str, str]:
-    """Trailing comments of a dataclass's field lines, by field name."""
-    source = inspect.getsource(cls)
-    found: dict[str, str] = {}
-    pending: str | None = None  # a field whose definition spans lines (field(...) calls)
-    depth = 0
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.OP and tok.string in "([{":
-            depth += 1
-        elif tok.type == tokenize.OP and tok.string in ")]}":
-            depth -= 1
-        elif tok.type == tokenize.NAME and depth == 0 and tok.start[1] == 4 and pending is None:
-            pending = tok.string
-        elif tok.type == tokenize.COMMENT and pending is not None:
-            found.setdefault(pending, tok.string.lstrip("# ").strip())
-        if tok.type in (tokenize.NEWLINE,) and depth == 0:
-            pending = None
-    return found
+Row = tuple[str, str, str, str, str, str]
 
 
-def _unwrap(hint: Any) -> tuple[Any, bool]:
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), True  # noqa: UP007
-    return hint, False
+def _extra(info: FieldInfo, key: str) -> Any:
+    extra = info.json_schema_extra
+    return extra.get(key) if isinstance(extra, dict) else None
 
 
 def _type_name(hint: Any) -> str:
-    inner, optional = _unwrap(hint)
+    inner, optional = unwrap(hint)
     origin = typing.get_origin(inner)
     if origin in (typing.Union, types.UnionType):
         name = " or ".join(_type_name(a) for a in typing.get_args(inner))
+    elif origin is typing.Literal:
+        name = " \\| ".join(str(a) for a in typing.get_args(inner))
     elif origin is tuple:
         name = f"list of {_type_name(typing.get_args(inner)[0])}"
     elif origin is dict:
         name = f"map of {_type_name(typing.get_args(inner)[1])}"
     elif isinstance(inner, type) and issubclass(inner, enum.Enum):
         name = " \\| ".join(str(m.value) for m in inner)
-    elif dataclasses.is_dataclass(inner):
+    elif is_model(inner):
         name = "section"
     elif inner is Path:
         name = "path"
@@ -76,14 +60,49 @@ def _type_name(hint: Any) -> str:
     return f"{name} (optional)" if optional else name
 
 
-def _default(field: dataclasses.Field[Any]) -> str:
-    if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
+def _bounds(metadata: list[Any]) -> str:
+    low: tuple[str, str] | None = None  # (operator, value)
+    high: tuple[str, str] | None = None
+    parts = []
+    for item in metadata:
+        if isinstance(item, at.Ge):
+            low = (">=", plain_number(item.ge))
+        elif isinstance(item, at.Gt):
+            low = (">", plain_number(item.gt))
+        elif isinstance(item, at.Le):
+            high = ("<=", plain_number(item.le))
+        elif isinstance(item, at.Lt):
+            high = ("<", plain_number(item.lt))
+        elif isinstance(item, at.MinLen) and item.min_length:
+            parts.append("not empty")
+    if low is not None and high is not None and low[0] == ">=" and high[0] == "<=":
+        parts.insert(0, f"{low[1]}..{high[1]}")
     else:
+        parts[:0] = [f"{b[0]} {b[1]}" for b in (low, high) if b is not None]
+    return ", ".join(parts)
+
+
+def _item_bounds(hint: Any) -> str:
+    """Bounds declared on the items of a list (``tuple[Annotated[int, Field(ge=1)], ...]``)."""
+    inner, _ = unwrap(hint)
+    if typing.get_origin(inner) is not tuple:
+        return ""
+    item = typing.get_args(inner)[0]
+    if typing.get_origin(item) is not typing.Annotated:
+        return ""
+    metadata = [m for arg in typing.get_args(item)[1:] for m in getattr(arg, "metadata", [arg])]
+    text = _bounds(metadata)
+    return f"each {text}" if text else ""
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
         return "required"
-    if dataclasses.is_dataclass(value):
+    else:
+        value = info.default
+    if isinstance(value, BaseModel):
         return "see below"
     if value is None:
         return "none"
@@ -93,58 +112,53 @@ def _default(field: dataclasses.Field[Any]) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, tuple | dict) and not value:
         return "empty"
-    if isinstance(value, Path):
-        return f"`{value}`"
     if isinstance(value, dict):
         return "`" + ", ".join(str(k) for k in value) + "`"
     if isinstance(value, tuple):
-        return "`" + ", ".join(str(v) for v in value) + "`"
-    return f"`{value}`"
+        return "`" + ", ".join(str(getattr(v, "value", v)) for v in value) + "`"
+    return f"`{plain_number(value)}`"
 
 
-Row = tuple[str, str, str, str, str]
+def _summary(model: type[BaseModel]) -> str:
+    return (inspect.getdoc(model) or "").splitlines()[0]
 
 
-def _rows(cls: type, path: str, env: str | None, out: list[Row]) -> None:
-    hints = typing.get_type_hints(cls)
-    comments = _comments(cls)
-    for field in dataclasses.fields(cls):
-        key = str(field.metadata.get("key", field.name))
-        full = f"{path}{key}"
-        hint = hints[field.name]
-        inner, _ = _unwrap(hint)
-        env_name = f"{env}_{field.name.upper()}" if env is not None else None
-        doc = comments.get(field.name, "")
-        if dataclasses.is_dataclass(inner) and isinstance(inner, type):
-            summary = (inspect.getdoc(inner) or "").splitlines()[0]
-            out.append((f"`{full}`", "section", _default(field), "", doc or summary))
+def _rows(model: type[BaseModel], path: str, env: str | None, out: list[Row]) -> None:
+    for name, info in model.model_fields.items():
+        full = f"{path}{key_of(name, info)}"
+        env_name = f"{env}_{name.upper()}" if env is not None else None
+        doc = info.description or ""
+        inner, _ = unwrap(info.annotation)
+        if is_model(inner):
+            out.append((f"`{full}`", "section", _default(info), "", "", doc or _summary(inner)))
             _rows(inner, f"{full}.", env_name, out)
             continue
         item = None
-        if typing.get_origin(inner) is dict:
-            item = typing.get_args(inner)[1]
-            suffix = f".<{field.metadata.get('placeholder', 'key')}>."
-        elif typing.get_origin(inner) is tuple:
-            item, suffix = typing.get_args(inner)[0], "[]."
-        if item is not None and dataclasses.is_dataclass(item) and isinstance(item, type):
-            summary = (inspect.getdoc(item) or "").splitlines()[0]
-            out.append((f"`{full}`", _type_name(hint), _default(field), "", doc or summary))
+        origin = typing.get_origin(inner)
+        if origin is dict:
+            item = unwrap(typing.get_args(inner)[1])[0]
+            suffix = f".<{_extra(info, 'placeholder') or 'key'}>."
+        elif origin is tuple:
+            item, suffix = unwrap(typing.get_args(inner)[0])[0], "[]."
+        type_name = _extra(info, "type") or _type_name(info.annotation)
+        if item is not None and is_model(item):
+            out.append((f"`{full}`", type_name, _default(info), "", "", doc or _summary(item)))
             _rows(item, f"{full}{suffix}", None, out)
             continue
-        scalar = is_scalar_type(unwrap_optional(hint))
-        shown_env = f"`{env_name}`" if env_name and scalar else ""
-        out.append((f"`{full}`", _type_name(hint), _default(field), shown_env, doc))
+        bounds = ", ".join(t for t in (_bounds(info.metadata), _item_bounds(inner)) if t)
+        shown_env = f"`{env_name}`" if env_name and is_scalar(info.annotation) else ""
+        out.append((f"`{full}`", type_name, _default(info), bounds, shown_env, doc))
 
 
-def render_reference() -> str:
-    """The generated part of docs/config.md."""
+def render_reference(model: type[BaseModel] = AgentConfig, env: str | None = "NODEAGENT") -> str:
+    """The generated part of a document: one table row per field of ``model``."""
     rows: list[Row] = []
-    _rows(AgentConfig, "", "NODEAGENT", rows)
+    _rows(model, "", env, rows)
     lines = [
         BEGIN,
         "",
-        "| field | type | default | environment | meaning |",
-        "|---|---|---|---|---|",
+        "| field | type | default | range | environment | meaning |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
         "| "

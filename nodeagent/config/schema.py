@@ -1,4 +1,4 @@
-"""The agent's configuration file (``version: v1``), every field with its default.
+"""The agent's configuration file (``version: v1``), every field with its default and bounds.
 
 Precedence: command line, then environment (``NODEAGENT_<SECTION>_<FIELD>``), then this file.
 ``docs/config.md`` documents every field; a test keeps the two in step.
@@ -6,83 +6,116 @@ Precedence: command line, then environment (``NODEAGENT_<SECTION>_<FIELD>``), th
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
+
+from pydantic import AfterValidator, Field, model_validator
 
 from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.errors import ConfigError, FieldError, FieldPath, Problem, dotted
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.config.loader import (
-    ConfigError,
-    deep_merge,
-    env_overrides,
-    parse_dataclass,
-    read_yaml,
-)
+from nodeagent.config.loader import Schema, deep_merge, env_overrides, validate_document
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.types import LabelValue
+from nodeagent.config.yamlfile import Document, read_document
 
 DEFAULT_STATE_DIR = Path("/var/lib/nodeagent")
+KIND = "an agent config"
+
+# A Kubernetes node name is a DNS subdomain (RFC 1123): lower-case alphanumerics, '-' and '.',
+# alphanumeric at both ends of every label, at most 253 characters.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeSection:
+def _node_name(name: str) -> str:
+    if len(name) > 253 or not _NODE_NAME.match(name):
+        raise ValueError(
+            f"{name!r} is not a valid Kubernetes node name (lower-case letters, digits, '-' and "
+            "'.', starting and ending with a letter or digit, at most 253 characters)"
+        )
+    return name
+
+
+# Pool names become the value of the nodeagent.io/pool label, which tiering selects on.
+PoolName = LabelValue
+
+
+class NodeSection(Schema):
     """Which node this is and which pool it belongs to."""
 
-    name: str | None = None  # Kubernetes node name; falls back to env NODE_NAME, then hostname
-    pool: str = "default"  # the pool whose policy applies (see `pools`)
+    name: Annotated[str, AfterValidator(_node_name)] | None = Field(
+        None,
+        description="Kubernetes node name (RFC 1123); falls back to env NODE_NAME, then hostname",
+    )
+    pool: PoolName = Field("default", description="the pool whose policy applies (see `pools`)")
 
 
-@dataclass(frozen=True, slots=True)
-class SamplerSection:
+class SamplerSection(Schema):
     """The sampler thread that reads NVML into one snapshot."""
 
-    interval_s: float = 1.0  # seconds between samples; health checks and metrics use this pace
-    nvlink_counters_interval_s: float = 10.0  # NVLink error counters are read this often
-
-    def __post_init__(self) -> None:
-        if not 0.05 <= self.interval_s <= 3600:
-            raise ValueError(f"interval_s must be between 0.05 and 3600, got {self.interval_s}")
-        if not 0 <= self.nvlink_counters_interval_s <= 3600:
-            raise ValueError(
-                "nvlink_counters_interval_s must be between 0 and 3600, "
-                f"got {self.nvlink_counters_interval_s}"
-            )
+    interval_s: float = Field(
+        1.0,
+        ge=0.05,
+        le=3600,
+        description="seconds between samples; health checks and metrics use this pace",
+    )
+    nvlink_counters_interval_s: float = Field(
+        10.0, ge=0, le=3600, description="NVLink error counters are read this often"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class MigSection:
+class MigSection(Schema):
     """MIG reconciliation at start and on policy change."""
 
-    enabled: bool = True  # apply the pool's mig_layout when it names one
-    layout_file: Path | None = None  # mig-parted v1 file; None uses the built-in standard layouts
-    allow_reset: bool = False  # reset a GPU for a pending mode change when nothing runs on it
-    force: bool = False  # destroy busy instances when the layout needs their slices
+    enabled: bool = Field(True, description="apply the pool's mig_layout when it names one")
+    layout_file: Path | None = Field(
+        None, description="mig-parted v1 file; None uses the built-in standard layouts"
+    )
+    allow_reset: bool = Field(
+        False, description="reset a GPU for a pending mode change when nothing runs on it"
+    )
+    force: bool = Field(
+        False, description="destroy busy instances when the layout needs their slices"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class AgentConfig:
+def _default_pools() -> dict[str, PoolPolicy]:
+    return {"default": PoolPolicy()}
+
+
+class AgentConfig(Schema):
     """The whole agent configuration."""
 
-    node: NodeSection = field(default_factory=NodeSection)
-    state_dir: Path = DEFAULT_STATE_DIR  # health history, MIG intent, and the status file
-    sampler: SamplerSection = field(default_factory=SamplerSection)
-    mig: MigSection = field(default_factory=MigSection)
-    health: HealthSection = field(default_factory=HealthSection)
-    device_plugin: DevicePluginSection = field(default_factory=DevicePluginSection)
-    metrics: MetricsSection = field(default_factory=MetricsSection)
-    kubernetes: KubernetesSection = field(default_factory=KubernetesSection)
-    pools: dict[str, PoolPolicy] = field(
-        default_factory=lambda: {"default": PoolPolicy()}, metadata={"placeholder": "pool"}
-    )  # policy per pool name; node.pool picks this node's
+    node: NodeSection = Field(default_factory=NodeSection)
+    state_dir: Path = Field(
+        DEFAULT_STATE_DIR, description="health history, MIG intent, and the status file"
+    )
+    sampler: SamplerSection = Field(default_factory=SamplerSection)
+    mig: MigSection = Field(default_factory=MigSection)
+    health: HealthSection = Field(default_factory=HealthSection)
+    device_plugin: DevicePluginSection = Field(default_factory=DevicePluginSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
+    pools: dict[PoolName, PoolPolicy] = Field(
+        default_factory=_default_pools,
+        description="policy per pool name; node.pool picks this node's",
+        json_schema_extra={"placeholder": "pool"},
+    )
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _pool_exists(self) -> Self:
         if self.node.pool not in self.pools:
             known = ", ".join(sorted(self.pools)) or "none"
-            raise ValueError(f"node.pool {self.node.pool!r} is not in pools (known: {known})")
+            found = FieldError()
+            found.add(("node", "pool"), f"{self.node.pool!r} is not in pools (known: {known})")
+            raise found
+        return self
 
     @property
     def pool(self) -> PoolPolicy:
@@ -93,6 +126,29 @@ class AgentConfig:
     def node_name(self) -> str:
         """The node name: the config, else env NODE_NAME (downward API), else the hostname."""
         return self.node.name or os.environ.get("NODE_NAME") or os.uname().nodename
+
+    def describe(self) -> str:
+        """The effective config as one line of JSON (the file's keys), for the start-up log."""
+        return json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True)
+
+    def gpu_indices(self) -> list[tuple[FieldPath, int]]:
+        """Every GPU index this node's policy names, and where it is named.
+
+        They come from this pool's ``gpu_sharing`` and NVIDIA's ``devices`` lists; UUIDs are
+        not indices, and other pools describe other nodes.
+        """
+        out: list[tuple[FieldPath, int]] = [
+            (("pools", self.node.pool, "gpu_sharing", key), int(key))
+            for key in self.pool.gpu_sharing
+            if key.isdigit()
+        ]
+        sharing = self.device_plugin.sharing
+        if sharing is not None:
+            out += [
+                (("device_plugin", "sharing", *place), int(index))
+                for place, index in sharing.gpu_indices()
+            ]
+        return out
 
 
 def load_agent_config(
@@ -106,16 +162,49 @@ def load_agent_config(
     With no file every field takes its documented default. Raises ConfigError naming the file,
     line and field of every problem.
     """
-    data: Any = {"version": "v1"}
-    lines: dict[tuple[str, ...], int] = {}
-    source = "<defaults>"
-    if path is not None:
-        data, lines = read_yaml(path)
-        source = str(path)
-        if data is None:
-            raise ConfigError(f"{path}: the file is empty; start it with `version: v1`")
-    env = os.environ if environ is None else environ
-    merged = deep_merge(data, env_overrides(AgentConfig, env))
+    doc = Document("<defaults>", {"version": "v1"}) if path is None else read_document(path)
+    env_values, origins = env_overrides(AgentConfig, os.environ if environ is None else environ)
+    extra = env_values
     if overrides:
-        merged = deep_merge(merged, overrides)
-    return parse_dataclass(AgentConfig, merged, source=source, lines=lines)
+        extra = deep_merge(extra, overrides)
+        origins = {**origins, **{p: "command line" for p in _leaves(overrides)}}
+    return validate_document(AgentConfig, doc, kind=KIND, extra=extra, origins=origins)
+
+
+def _leaves(data: Mapping[str, Any], prefix: FieldPath = ()) -> list[FieldPath]:
+    out: list[FieldPath] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out += _leaves(value, (*prefix, key))
+        else:
+            out.append((*prefix, key))
+    return out
+
+
+def check_gpu_indices(config: AgentConfig, gpu_count: int, path: Path | None) -> None:
+    """Refuse a config that names GPU indices this node lacks (checked once the node is open).
+
+    Raises:
+        ConfigError: one problem per index, with the line in ``path`` where it is named.
+    """
+    named = config.gpu_indices()
+    missing = [(place, index) for place, index in named if index >= gpu_count]
+    if not missing:
+        return
+    try:
+        doc = read_document(path) if path is not None else None
+    except ConfigError:
+        doc = None  # changed since it was loaded: name the fields without lines
+    name = str(path) if path is not None else "<defaults>"
+    has = f"it has GPUs 0-{gpu_count - 1}" if gpu_count else "it has no GPU"
+    raise ConfigError(
+        [
+            Problem(
+                name,
+                doc.line(place) if doc is not None else None,
+                dotted(place),
+                f"no GPU {index} on this node ({has})",
+            )
+            for place, index in missing
+        ]
+    )

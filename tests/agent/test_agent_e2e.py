@@ -63,7 +63,7 @@ def test_agent_publishes_labels_condition_metrics_and_devices(
         f"device_plugin: {{mig_strategy: mixed, kubelet_dir: '{kubelet_dir}'}}\n"
         f"metrics: {{pod_attribution: false, address: '127.0.0.1:{port}'}}\n"
         f"kubernetes: {{enabled: true, api_server: '{api.url}'}}\n"
-        "health: {report_interval_s: 0.2}\n"
+        "health: {report_interval_s: 1}\n"
         "pools:\n  infer: {mig_layout: all-balanced, request_sizes: ['1g.10gb']}\n"
     )
     node = make_node("dgx-h100")

@@ -74,7 +74,7 @@ def test_a_full_file_is_read(tmp_path: Path) -> None:
         ),
         pytest.param(
             "version: v1\nnode: {pool: gone}\n",
-            "node.pool 'gone' is not in pools (known: default)",
+            "agent.yaml:2: node.pool: 'gone' is not in pools (known: default)",
             id="pool must exist",
         ),
         pytest.param(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from nodeagent.config.loader import deep_merge, env_overrides
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent_exporters import rules
 from tests.deploy.tools import (
@@ -109,8 +109,15 @@ def agent_config(objects: dict[Any, dict[str, Any]]) -> AgentConfig:
     )
     text = config_map["data"][config_path.name]
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
-    data = deep_merge(yaml.safe_load(text), env_overrides(AgentConfig, env))
-    return load_agent_config(None, environ={}, overrides=data)
+    return load_text(text, env)
+
+
+def load_text(text: str, environ: dict[str, str]) -> AgentConfig:
+    """A ConfigMap's file read as the agent reads it: from a file, under the pod's env."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "nodeagent.yaml"
+        path.write_text(text)
+        return load_agent_config(path, environ=environ)
 
 
 @pytest.mark.parametrize(
@@ -372,8 +379,7 @@ def test_prometheusrule_structure(objects: dict[Any, dict[str, Any]], tmp_path: 
 def test_config_map_loads_as_an_agent_config(objects: dict[Any, dict[str, Any]]) -> None:
     config_map = one(objects, "ConfigMap")
     text = config_map["data"]["nodeagent.yaml"]
-    data = yaml.safe_load(text)
-    assert data["version"] == "v1"
-    config = load_agent_config(None, environ={}, overrides=data)
+    assert yaml.safe_load(text)["version"] == "v1"
+    config = load_text(text, {})
     assert config.pool == config.pools[config.node.pool]
     assert len(config.pools) > 1, "the example shows more than one pool policy"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,7 @@ def test_hysteresis_holds_a_level_while_the_score_hovers() -> None:
 
 
 def test_flapping_makes_the_node_unstable_until_the_window_empties() -> None:
-    cfg = dataclasses.replace(CFG, flap_window_s=600.0, flap_transitions=4)
+    cfg = HealthSection(half_life_s=HOUR, flap_window_s=600.0, flap_transitions=4)
     score = StabilityScore(cfg)
     for i in range(3):
         score.transition(i * 60.0)

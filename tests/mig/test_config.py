@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 
+from nodeagent.config.errors import ConfigError
 from nodeagent.gpu.types import MigGeometry
 from nodeagent_mig.config import (
     DEFAULT_CONFIG_FILE,
     GpuFacts,
     GpuTarget,
-    MigConfigError,
     MigConfigFile,
     load_config,
     parse_config,
@@ -103,14 +103,14 @@ def test_mig_parted_file_is_accepted_unchanged(a100: MigGeometry) -> None:
         pytest.param(
             "version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n"
             "      device-filter: [A100]\n",
-            ["layouts.yaml:6: mig-configs.a[0].device-filter: 'A100' is not a PCI device id"],
+            ["layouts.yaml:6: mig-configs.a[0].device-filter[0]: 'A100' is not a PCI device id"],
             id="bad-filter",
         ),
         pytest.param("mig-configs: [\n", ["layouts.yaml:2: not valid YAML"], id="broken-yaml"),
     ],
 )
 def test_structural_errors(text: str, expected: list[str]) -> None:
-    with pytest.raises(MigConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         parse_config(text, "layouts.yaml")
     lines = [str(p) for p in err.value.problems]
     assert len(lines) == len(expected), lines
@@ -145,7 +145,7 @@ mig-configs:
 
 def test_semantic_errors_all_at_once(a100: MigGeometry) -> None:
     cfg = parse(BAD_LAYOUTS)
-    with pytest.raises(MigConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         resolve(cfg, "bad", node_of(a100, 4))
     text = [str(p) for p in err.value.problems]
     assert any(
@@ -172,7 +172,7 @@ def test_semantic_errors_all_at_once(a100: MigGeometry) -> None:
 
 def test_unknown_layout_name_lists_names(a100: MigGeometry) -> None:
     cfg = parse(BAD_LAYOUTS)
-    with pytest.raises(MigConfigError, match=r"no layout named 'good' \(the file has: bad\)"):
+    with pytest.raises(ConfigError, match=r"no layout named 'good' \(the file has: bad\)"):
         resolve(cfg, "good", node_of(a100))
 
 
@@ -188,9 +188,7 @@ def test_selector_matching_no_gpu(a100: MigGeometry) -> None:
               mig-devices: {"7g.80gb": 1}
         """
     )
-    with pytest.raises(
-        MigConfigError, match=r"layouts\.yaml:3: mig-configs\.h100-only: selects no"
-    ):
+    with pytest.raises(ConfigError, match=r"layouts\.yaml:3: mig-configs\.h100-only: selects no"):
         resolve(cfg, "h100-only", node_of(a100))
 
 
@@ -267,7 +265,7 @@ def test_selectors_in_per_model_layouts(
         assert sorted(targets) == list(range(selected))
         assert all(t.devices == {"1g.10gb": 7} for t in targets.values())
         return
-    with pytest.raises(MigConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         resolve(cfg, "shared", node_of(h100))
     text = [str(p) for p in err.value.problems]
     assert len(text) == len(errors), text
@@ -326,7 +324,7 @@ def test_hooks_file() -> None:
 
 
 def test_hooks_errors() -> None:
-    with pytest.raises(MigConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         parse_hooks(
             "version: v1\nhooks:\n  before-apply:\n    - command: x\n  apply-exit:\n"
             "    - args: [1]\n",
@@ -334,6 +332,6 @@ def test_hooks_errors() -> None:
         )
     text = [str(p) for p in err.value.problems]
     assert text[0].startswith(
-        "hooks.yaml:3: hooks.before-apply: unknown field (allowed: apply-start"
+        "hooks.yaml:3: hooks.before-apply: unknown field (known: apply-exit, apply-start"
     )
-    assert text[1] == "hooks.yaml:6: hooks.apply-exit[0].command: missing"
+    assert text[1] == "hooks.yaml:6: hooks.apply-exit[0].command: required field is missing"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from nodeagent.config.schema import load_agent_config
 from nodeagent.sim.control import SimControl
 from nodeagent_mig.reconciler import MigReconciler
@@ -58,4 +60,41 @@ def test_an_invalid_layout_name_is_reported_and_changes_nothing(make_node, tmp_p
     reconciler.reconcile_once()
     assert reconciler.last_error is not None
     assert "all-9g" in reconciler.last_error
+    assert all(not node.info(i).mig_enabled for i in range(node.count()))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param(
+            b"version: v1\nmig-configs: caf\xe9\n", ":2: byte 0xe9 is not UTF-8", id="bytes"
+        ),
+        pytest.param(
+            b"version: v1\nmig-configs: !!python/object:os.system {}\n",
+            ":2: YAML tag !!python/object:os.system is not supported",
+            id="tag",
+        ),
+        pytest.param(b"", ": the file is empty", id="empty"),
+    ],
+)
+def test_a_damaged_layout_file_is_reported_and_the_reconciler_stays_up(
+    make_node, tmp_path: Path, content: bytes, expected: str
+) -> None:
+    """The component reports the file's problem and stays idle; it never crash-loops."""
+    layouts = tmp_path / "layouts.yaml"
+    layouts.write_bytes(content)
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        f"version: v1\nstate_dir: {tmp_path / 'state'}\nmig: {{layout_file: {layouts}}}\n"
+        "pools:\n  default: {mig_layout: all-1g}\n"
+    )
+    config = load_agent_config(path, environ={})
+    config.state_dir.mkdir(parents=True)
+    node = make_node("dgx-h100")
+    reconciler = MigReconciler(node, config)
+    reconciler.reconcile_once()
+    assert reconciler.last_error is not None
+    assert f"{layouts}{expected}" in reconciler.last_error
+    status = json.loads((config.state_dir / "mig-status.json").read_text())
+    assert status["ok"] is False
     assert all(not node.info(i).mig_enabled for i in range(node.count()))

@@ -87,7 +87,7 @@ def test_every_agent_label_reads_back_in_tiering(
         assert LABEL_VALUE.match(value), f"{key}={value!r}"
         # Selected the way a tier selects it: by match label and by expression.
         assert Selector(match_labels={key: value}).matches(view.labels), key
-        assert Requirement(key, Operator.IN, (value,)).matches(view.labels), key
+        assert Requirement(key=key, operator=Operator.IN, values=(value,)).matches(view.labels), key
     assert view.gpus == len(snapshot.gpus)
     assert view.labels[lbl.DRIVER_VERSION] == lbl.label_value(snapshot.driver_version)
     assert view.labels[lbl.POOL] == "training-pool-A"

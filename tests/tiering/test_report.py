@@ -141,7 +141,7 @@ def test_policy_error_names_file_and_line(api, tmp_path):
     bad.write_text("version: v1\ntiers:\n  - name: training\n    min_healty: 2\n")
     result = CliRunner().invoke(app, ["run", "--policy", str(bad), "--server", api.url, "--once"])
     assert result.exit_code == 2
-    assert f"{bad}:4: tiers.0.min_healty: unknown field" in result.stderr
+    assert f"{bad}:4: tiers[0].min_healty: unknown field" in result.stderr
 
 
 def test_dry_run_once_prints_and_changes_nothing(api, tmp_path):
