@@ -21,8 +21,9 @@ from nodeagent.config.loader import Schema
 # process on a GPU holds a context of a few hundred MiB: beyond 128 replicas a GPU only gains
 # IDs no workload can use.
 MAX_REPLICAS = 128
-# An MPS server accepts at most 48 client contexts per GPU (Volta and later); replicas beyond
-# that are advertised to pods that then fail to start.
+# An MPS server accepts at most 48 client contexts per GPU on Volta and later (NVIDIA's MIG user
+# guide, "CUDA MPS on top of MIG": "the maximum number of clients (48) is lowered proportionally
+# to the Compute Instance size"); replicas beyond that are advertised to pods that then fail.
 MAX_MPS_REPLICAS = 48
 MAX_PINNED_MEMORY_MIB = 1024 * 1024  # 1 TiB per replica: above any GPU's memory
 
