@@ -177,6 +177,20 @@ class DrainPolicy:
             raise ValueError("drain.pdb_backoff_initial_s must be > 0 and <= pdb_backoff_max_s")
 
 
+@dataclass(frozen=True, slots=True)
+class PendingPolicy:
+    """How the pending-workload diagnosis reads workloads (optional section, added in v1)."""
+
+    # Pod label or annotation by which a workload asks for GPU topology: value "nvlink" (one
+    # NVLink-connected set) or "numa" (one NUMA node). Without it only the count matters,
+    # which is all kube-scheduler checks for extended resources.
+    topology_key: str = lbl.GPU_TOPOLOGY
+
+    def __post_init__(self) -> None:
+        if not self.topology_key.strip():
+            raise ValueError("pending.topology_key must name a label or annotation key")
+
+
 def _gpu_nodes() -> Selector:
     return Selector(match_expressions=(Requirement(lbl.STABILITY, Operator.EXISTS),))
 
@@ -192,6 +206,7 @@ class TierPolicy:
     budget: BudgetPolicy = field(default_factory=BudgetPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     drain: DrainPolicy = field(default_factory=DrainPolicy)
+    pending: PendingPolicy = field(default_factory=PendingPolicy)
     resync_s: float = 30.0  # full reconcile at least this often, even without changes
 
     def __post_init__(self) -> None:
@@ -229,6 +244,7 @@ __all__ = [
     "ConfigError",
     "DrainPolicy",
     "Operator",
+    "PendingPolicy",
     "Requirement",
     "Selector",
     "Stability",

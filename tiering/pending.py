@@ -1,0 +1,976 @@
+"""Why each pending GPU workload is pending, and the smallest change that would unblock it.
+
+A pure pass over a :class:`~nodeagent_tiering.view.ClusterView`: one :class:`Diagnosis` per
+pod that the scheduler found unschedulable (or that a scheduling gate holds) and that requests
+``nvidia.com/gpu``, ``nvidia.com/mig-<profile>`` or a ``.shared`` variant. Each pod gets one
+primary reason, tried in this order:
+
+1. ``quota``: Kueue holds it (its scheduling gate, or its Workload has no ``QuotaReserved=True``);
+   fragmentation is then not the cause and nothing else is said.
+2. ``other``: by the GPU facts it fits on a node it may use, so the scheduler blocks it for
+   something else (CPU, memory, pod affinity...): its own message is the evidence.
+3. ``tier``: it fits as things are, but only on nodes its node selector, affinity or tolerations
+   exclude, or on cordoned / quarantined / NotReady nodes. Unblock: that node.
+4. ``contiguity-gpus``: the nodes it may use have enough free units in total, and one of them has
+   enough GPUs, but none has them free at once (or, when the workload asks for it through the
+   policy's ``pending.topology_key``, not in one NVLink-connected set / NUMA node). Unblock:
+   the node where the fewest running pods would have to move, and their names.
+5. ``contiguity-mig``: some GPU it may use has enough memory slices that no running workload
+   holds, but no free instance of the profile: the layout lacks it, or the free slices sit where
+   the profile cannot be placed. Unblock: the GPU (and layout) where the MIG planner
+   (:func:`nodeagent_mig.planner.plan_gpu`, the one ``mig apply`` runs) admits it by destroying
+   the fewest idle instances, never one that is busy or allocated.
+6. ``capacity``: none of the above: the nodes it may use lack the units at all.
+
+Fits are judged the way kube-scheduler judges extended resources (node allocatable minus the
+requests of the pods bound to it), so a pod called blocked here is one the scheduler reports
+``Unschedulable``. Placement facts (which GPU, which slices, which NVLink island) come from each
+node's ``nodeagent.io/gpu-state`` annotation. Nothing here changes anything: an unblock is a
+suggestion for an operator.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent import labels as lbl
+from nodeagent.capacity import stranded_slices
+from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
+from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
+from nodeagent_tiering.policy import Operator, TierPolicy
+from nodeagent_tiering.view import (
+    GPU_RESOURCE,
+    KUEUE_GATE,
+    UNSCHEDULABLE_TAINT,
+    ClusterView,
+    Kind,
+    NodeInfo,
+    PodInfo,
+    Taint,
+    WorkloadInfo,
+    resource_kind,
+)
+
+# Taints that take a node out of service rather than out of a tier: the tiering service's
+# quarantine, the agent's unstable taint, and what the node lifecycle controller sets.
+SERVICE_TAINTS = frozenset(
+    {
+        lbl.QUARANTINE_TAINT,
+        lbl.UNSTABLE_TAINT,
+        UNSCHEDULABLE_TAINT,
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/out-of-service",
+        "node.kubernetes.io/memory-pressure",
+        "node.kubernetes.io/disk-pressure",
+        "node.kubernetes.io/pid-pressure",
+        "node.kubernetes.io/network-unavailable",
+    }
+)
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+class Reason(enum.StrEnum):
+    """The primary reason a GPU workload is pending."""
+
+    CAPACITY = "capacity"
+    CONTIGUITY_GPUS = "contiguity-gpus"
+    CONTIGUITY_MIG = "contiguity-mig"
+    TIER = "tier"
+    QUOTA = "quota"
+    OTHER = "other"
+
+
+# The Event reason recorded on a diagnosed pod, per diagnosis reason.
+EVENT_REASONS: Mapping[Reason, str] = {
+    Reason.CAPACITY: "GPUCapacity",
+    Reason.CONTIGUITY_GPUS: "GPUFragmentation",
+    Reason.CONTIGUITY_MIG: "GPUFragmentation",
+    Reason.TIER: "GPUTier",
+    Reason.QUOTA: "GPUQuota",
+    Reason.OTHER: "GPUPendingOther",
+}
+CONTIGUITY = frozenset({Reason.CONTIGUITY_GPUS, Reason.CONTIGUITY_MIG})
+
+
+class Topology(enum.StrEnum):
+    """What a workload asks of the GPUs it gets besides their number."""
+
+    ANY = "any"
+    NVLINK = "nvlink"  # one NVLink-connected set
+    NUMA = "numa"  # one NUMA node
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How the pass reads the cluster (from the tier policy, see :func:`settings_for`)."""
+
+    topology_key: str = lbl.GPU_TOPOLOGY  # pod label or annotation: nvlink | numa
+    service_taints: frozenset[str] = SERVICE_TAINTS
+    # Count pending pods the scheduler has not judged yet (``simulate``: there is none).
+    assume_unschedulable: bool = False
+
+
+def settings_for(policy: TierPolicy | None, *, assume_unschedulable: bool = False) -> Settings:
+    """The settings a tier policy implies (its drain taint and ``pending.topology_key``)."""
+    if policy is None:
+        return Settings(assume_unschedulable=assume_unschedulable)
+    return Settings(
+        topology_key=policy.pending.topology_key,
+        service_taints=SERVICE_TAINTS | {policy.drain.taint_key},
+        assume_unschedulable=assume_unschedulable,
+    )
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuChange:
+    """One GPU's MIG layout change: idle instances destroyed, instances created."""
+
+    gpu: int
+    destroy: tuple[MigSlot, ...]
+    create: tuple[MigSlot, ...]
+    layout: tuple[MigSlot, ...]  # the GPU's instances afterwards
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "gpu": self.gpu,
+            "destroy": [s.to_json() for s in self.destroy],
+            "create": [s.to_json() for s in self.create],
+            "layout": [s.to_json() for s in self.layout],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Unblock:
+    """The smallest change that would let the pod be scheduled (a suggestion, never applied).
+
+    ``kind``: ``move-pods`` (the pods named would have to move off ``node``), ``mig-layout``
+    (``changes`` on ``node``'s GPUs), ``heal-node`` (``node`` is out of service) or
+    ``admit-tier`` (``node`` would hold it, but the pod's constraints exclude it).
+    """
+
+    kind: str
+    node: str
+    text: str
+    pods: tuple[str, ...] = ()
+    changes: tuple[GpuChange, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data."""
+        out: dict[str, Any] = {"kind": self.kind, "node": self.node, "text": self.text}
+        if self.kind == "move-pods":
+            out["pods"] = list(self.pods)
+        if self.kind == "mig-layout":
+            out["changes"] = [c.to_json() for c in self.changes]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Why one pod is pending."""
+
+    namespace: str
+    name: str
+    uid: str
+    request: Mapping[str, int]
+    reason: Reason
+    evidence: str
+    unblock: Unblock | None = None
+    tier: str = "any"  # the tier the pod asks for (metrics), "any" when not one
+    message: str = ""  # the scheduler's own message (PodScheduled condition)
+
+    @property
+    def pod(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        """One entry of the ``pending`` list (``unblock`` is ``{}`` when there is none)."""
+        return {
+            "pod": self.pod,
+            "request": dict(self.request),
+            "reason": self.reason.value,
+            "evidence": self.evidence,
+            "unblock": self.unblock.to_json() if self.unblock is not None else {},
+            "tier": self.tier,
+            "scheduler": self.message,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """Free-but-unusable capacity of the last pass, per tier (in-service nodes only)."""
+
+    free_gpus: Mapping[str, int] = field(default_factory=dict)
+    largest_nvlink_block: Mapping[str, int] = field(default_factory=dict)
+    # Free whole GPUs the smallest blocked request that may use the tier cannot use.
+    unusable_gpus: Mapping[str, int] = field(default_factory=dict)
+    # (tier, profile) -> free memory slices no free legal placement of the profile covers.
+    unusable_mig_slices: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """One pass: a diagnosis per pending GPU pod, and the pool's unusable capacity."""
+
+    diagnoses: tuple[Diagnosis, ...]
+    stats: PoolStats
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"pending": [...]}``, sorted by pod."""
+        return {"pending": [d.to_json() for d in self.diagnoses]}
+
+
+# --- per-node state -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    profile: str
+    start: int
+    size: int
+    held: bool  # busy or allocated: the planner must keep it
+
+
+@dataclass(slots=True)
+class _MigGpu:
+    index: int
+    geometry: MigGeometry
+    slots: tuple[_Slot, ...]
+
+    @property
+    def free_slices(self) -> int:
+        return self.geometry.memory_slices - sum(s.size for s in self.slots if s.held)
+
+
+@dataclass(slots=True)
+class _Node:
+    info: NodeInfo
+    free: dict[str, int]  # allocatable minus the requests of bound pods (the scheduler's view)
+    users: dict[str, list[tuple[str, int]]]  # resource -> (pod, units) of the bound pods
+    mig: list[_MigGpu]
+    groups: dict[Topology, list[int]]  # free whole GPUs per NVLink island / NUMA node
+    holders: dict[int, str]  # whole GPU index -> pod, when the agent knows (pod-resources)
+    group_of: dict[Topology, dict[int, int]]  # GPU index -> group id
+
+
+def _whole_gpus(node: NodeInfo, used: int) -> tuple[dict[Topology, list[int]], dict[int, str]]:
+    """Free whole GPUs per NVLink island and per NUMA node, and who holds the others.
+
+    With pod-resources the agent says which GPUs are held. Without, ``used`` GPUs (the pods'
+    requests) are taken out as the device plugin's topology-aware allocation would place them:
+    packed into the smallest islands first, so the largest free set may be overstated when
+    allocations are spread (docs/tiering.md).
+    """
+    pub = node.published
+    if pub is None:
+        return {}, {}
+    whole = [g for g in pub.gpus if g.mig is None and g.schedulable]
+    holders = {g.index: g.holder for g in whole if g.holder is not None}
+    if pub.allocations_known:
+        free = [g for g in whole if g.holder is None and not g.busy]
+    else:
+        idle = [g for g in whole if not g.busy]
+        size = Counter(g.island for g in idle)
+        idle.sort(key=lambda g: (size[g.island], g.island, g.index))
+        free = idle[max(0, used - (len(whole) - len(idle))) :]
+    groups: dict[Topology, list[int]] = {}
+    for topo, key in ((Topology.NVLINK, "island"), (Topology.NUMA, "numa")):
+        counts = Counter(getattr(g, key) for g in free)
+        groups[topo] = sorted(counts.values(), reverse=True)
+    return groups, holders
+
+
+def _mig_gpus(node: NodeInfo, used: Mapping[str, int]) -> list[_MigGpu]:
+    """The node's MIG GPUs with held instances marked.
+
+    Held = busy, or allocated by the kubelet (pod-resources). Without pod-resources the pods'
+    requests say how many instances of each profile are held but not which: the idle ones are
+    taken in GPU and slice order until the count is reached.
+    """
+    pub = node.published
+    if pub is None:
+        return []
+    extra: dict[str, int] = {}
+    if not pub.allocations_known:
+        busy = Counter(i.profile for g in pub.gpus for i in g.mig or () if i.busy)
+        for resource, units in used.items():
+            kind = resource_kind(resource)
+            if kind is not None and kind[0] is Kind.MIG and kind[1] is not None:
+                extra[kind[1]] = max(0, units - busy.get(kind[1], 0))
+    out = []
+    for g in pub.gpus:
+        geometry = pub.geometry(g.model)
+        if g.mig is None or geometry is None or not g.schedulable:
+            continue
+        slots = []
+        for i in g.mig:
+            held = i.busy or i.allocated
+            if not held and extra.get(i.profile, 0) > 0:
+                extra[i.profile] -= 1
+                held = True
+            slots.append(_Slot(i.profile, i.start, i.size, held))
+        out.append(_MigGpu(g.index, geometry, tuple(slots)))
+    return out
+
+
+def _prepare(view: ClusterView) -> dict[str, _Node]:
+    used: dict[str, dict[str, int]] = {}
+    users: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    for pod in view.pods:
+        if not pod.holds_resources or not pod.requests:
+            continue
+        assert pod.node_name is not None
+        node_used = used.setdefault(pod.node_name, {})
+        node_users = users.setdefault(pod.node_name, {})
+        for resource, units in pod.requests.items():
+            node_used[resource] = node_used.get(resource, 0) + units
+            node_users.setdefault(resource, []).append((pod.key, units))
+    out = {}
+    for info in view.nodes:
+        u = used.get(info.name, {})
+        free = {r: n - u.get(r, 0) for r, n in info.allocatable.items()}
+        groups, holders = _whole_gpus(info, u.get(GPU_RESOURCE, 0))
+        group_of: dict[Topology, dict[int, int]] = {}
+        if info.published is not None:
+            group_of[Topology.NVLINK] = {g.index: g.island for g in info.published.gpus}
+            group_of[Topology.NUMA] = {
+                g.index: g.numa if g.numa is not None else 0 for g in info.published.gpus
+            }
+        out[info.name] = _Node(
+            info, free, users.get(info.name, {}), _mig_gpus(info, u), groups, holders, group_of
+        )
+    return out
+
+
+# --- scheduling constraints ---------------------------------------------------------------------
+
+OK, SERVICE, EXCLUDED = 0, 1, 2  # how a node stands for a pod
+
+
+def node_class(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[int, str]:
+    """Whether ``pod`` may use ``node`` (``OK``), could once the node is back in service
+    (``SERVICE``, with why), or is excluded by its own constraints (``EXCLUDED``, with why)."""
+    for key, value in pod.node_selector.items():
+        if node.labels.get(key) != value:
+            return EXCLUDED, f"node selector {key}={value}"
+    if pod.affinity and not any(t.matches(node) for t in pod.affinity):
+        return EXCLUDED, "required node affinity"
+    service = ""
+    for taint in node.taints:
+        if taint.effect not in BLOCKING_EFFECTS:
+            continue
+        if any(t.tolerates(taint) for t in pod.tolerations):
+            continue
+        text = f"taint {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
+        if taint.key in settings.service_taints:
+            service = service or text
+            continue
+        return EXCLUDED, f"untolerated {text}"
+    # A cordon is what kube-scheduler's NodeUnschedulable plugin checks, as the taint it implies.
+    if node.unschedulable and not any(t.tolerates(_CORDON) for t in pod.tolerations):
+        return SERVICE, "cordoned" + (" (draining)" if node.draining else "")
+    if service:
+        return SERVICE, service
+    return OK, ""
+
+
+_CORDON = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
+
+
+def topology_of(pod: PodInfo, settings: Settings) -> Topology:
+    """What the pod asks of its GPUs' topology (label first, then annotation)."""
+    raw = pod.labels.get(settings.topology_key) or pod.annotations.get(settings.topology_key)
+    try:
+        return Topology((raw or "any").strip().lower())
+    except ValueError:
+        return Topology.ANY
+
+
+def _pinned_tier(pod: PodInfo) -> str | None:
+    if lbl.TIER in pod.node_selector:
+        return pod.node_selector[lbl.TIER]
+    tiers = set()
+    for term in pod.affinity:
+        for req in term.expressions:
+            if req.key == lbl.TIER and req.operator is Operator.IN and len(req.values) == 1:
+                tiers.add(req.values[0])
+    return tiers.pop() if len(tiers) == 1 else None
+
+
+# --- fits ---------------------------------------------------------------------------------------
+
+
+def fits(node: _Node, request: Mapping[str, int], topology: Topology) -> bool:
+    """Whether the request fits the node now (the scheduler's arithmetic, plus topology)."""
+    for resource, units in request.items():
+        if node.free.get(resource, 0) < units:
+            return False
+        if resource == GPU_RESOURCE and topology is not Topology.ANY:
+            groups = node.groups.get(topology)
+            if groups is None or (groups[0] if groups else 0) < units:
+                return False
+    return True
+
+
+def _size(n: int, resource: str) -> str:
+    return f"{n} {resource}"
+
+
+def _request_text(request: Mapping[str, int]) -> str:
+    return ", ".join(_size(n, r) for r, n in sorted(request.items()))
+
+
+def _primary(request: Mapping[str, int]) -> tuple[str, int]:
+    """The resource the diagnosis is about: MIG before whole GPUs before shared replicas."""
+    order = {Kind.MIG: 0, Kind.GPU: 1, Kind.SHARED: 2}
+
+    def rank(item: tuple[str, int]) -> tuple[int, str]:
+        kind = resource_kind(item[0])
+        return (order[kind[0]] if kind else 3, item[0])
+
+    return min(request.items(), key=rank)
+
+
+# --- the MIG planner, asked what one more instance would cost -------------------------------------
+
+
+def _slot(i: Instance | MigSlot) -> MigSlot:
+    return MigSlot(i.profile, i.placement)
+
+
+def gains(
+    geometry: MigGeometry, slots: tuple[_Slot, ...], profile: str, most: int
+) -> tuple[GpuPlan | None, ...]:
+    """Per ``j`` in 1..``most``: the plan with the fewest destroyed instances that leaves ``j``
+    more free ``profile`` instances on the GPU, keeping every held one (``None``: no such plan).
+
+    Candidates are the current profile counts, minus some idle instances of other profiles,
+    plus ``j`` of ``profile``; :func:`plan_gpu` (minimal disruption, held instances passed as
+    busy) plans each, and the one destroying the fewest wins, then the one that leaves the most
+    future capacity. An optimal plan never needs to recreate another profile, so the candidates
+    cover every optimum; the search stops once removing more cannot destroy fewer.
+    """
+    if geometry.profile(profile) is None:
+        return (None,) * most
+    current = [Instance(s.profile, Placement(s.start, s.size), busy=s.held) for s in slots]
+    counts = Counter(s.profile for s in slots)
+    idle = Counter(s.profile for s in slots if not s.held and s.profile != profile)
+    names = sorted(idle)
+    removals = sorted(itertools.product(*(range(idle[n] + 1) for n in names)), key=sum)
+    out: list[GpuPlan | None] = []
+    for j in range(1, most + 1):
+        best: GpuPlan | None = None
+        best_key: tuple[int, tuple[int, ...]] | None = None
+        for removal in removals:
+            if best is not None and sum(removal) > len(best.destroy):
+                break
+            desired = dict(counts)
+            for name, k in zip(names, removal, strict=True):
+                desired[name] -= k
+            desired[profile] = counts.get(profile, 0) + j
+            try:
+                plan = plan_gpu(geometry, current, desired)
+            except PlanError:
+                continue
+            key = (len(plan.destroy), tuple(-v for v in plan.creatable_after.values()))
+            if best_key is None or key < best_key:
+                best, best_key = plan, key
+        out.append(best)
+    return tuple(out)
+
+
+# --- the pass -----------------------------------------------------------------------------------
+
+
+class Diagnoser:
+    """One pass over a view. ``reuse=False`` is the naive scan (every pod against every node,
+    nothing shared between pods), kept for the benchmark's comparison."""
+
+    def __init__(self, view: ClusterView, settings: Settings, *, reuse: bool = True) -> None:
+        self.view = view
+        self.settings = settings
+        self.reuse = reuse
+        self.nodes = _prepare(view)
+        self.order = sorted(self.nodes)
+        self._workloads: dict[str, WorkloadInfo] = {}
+        for wl in view.workloads:
+            for owner in wl.owners:
+                self._workloads[owner] = wl
+        self._classes: dict[tuple[Any, ...], tuple[list[tuple[int, str]], str]] = {}
+        self._memo: dict[tuple[Any, ...], tuple[Reason, str, Unblock | None]] = {}
+        self._gains: dict[tuple[Any, ...], tuple[GpuPlan | None, ...]] = {}
+        self._smallest_blocked: dict[str, int] = {}
+
+    # pods
+
+    def pending(self) -> list[PodInfo]:
+        """The pods this pass diagnoses, sorted by namespace and name."""
+        out = [p for p in self.view.pods if self._is_pending(p)]
+        return sorted(out, key=lambda p: (p.namespace, p.name))
+
+    def _is_pending(self, pod: PodInfo) -> bool:
+        if pod.node_name or pod.deleting or pod.phase != "Pending" or not pod.requests:
+            return False
+        if pod.gates:
+            return True
+        s = pod.scheduled
+        if s is not None and s.status == "False" and s.reason == "Unschedulable":
+            return True
+        return self.settings.assume_unschedulable and (s is None or s.status != "True")
+
+    def _workload(self, pod: PodInfo) -> WorkloadInfo | None:
+        for uid in (pod.uid, *pod.owners):
+            if uid and uid in self._workloads:
+                return self._workloads[uid]
+        return None
+
+    def _quota(self, pod: PodInfo) -> tuple[Reason, str] | None:
+        wl = self._workload(pod)
+        state = ""
+        if wl is not None:
+            state = f"Workload {wl.key} QuotaReserved={wl.quota_reserved or 'not yet'}"
+            if wl.reason or wl.message:
+                state += f" ({wl.reason}: {wl.message})" if wl.message else f" ({wl.reason})"
+        if KUEUE_GATE in pod.gates:
+            if wl is not None and wl.quota_reserved == "True":
+                return Reason.OTHER, f"Kueue reserved quota but still gates it: {state}"
+            return Reason.QUOTA, "Kueue has not admitted it" + (f": {state}" if state else "")
+        if wl is not None and wl.quota_reserved != "True":
+            return Reason.QUOTA, f"waits in Kueue for quota: {state}"
+        if pod.gates:
+            return Reason.OTHER, f"waits for its scheduling gates: {', '.join(pod.gates)}"
+        return None
+
+    def _node_classes(self, pod: PodInfo) -> tuple[list[tuple[int, str]], str]:
+        """How every node stands for the pod, and the pod's tier (shared by equal pods)."""
+        key = (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
+        if self.reuse and key in self._classes:
+            return self._classes[key]
+        nodes = self.nodes
+        classes = [node_class(pod, nodes[name].info, self.settings) for name in self.order]
+        found = (classes, self._pod_tier(pod, classes))
+        if self.reuse:
+            self._classes[key] = found
+        return found
+
+    def _pod_tier(self, pod: PodInfo, classes: Sequence[tuple[int, str]]) -> str:
+        pinned = _pinned_tier(pod)
+        if pinned is not None:
+            return pinned
+        tiers = {
+            self.nodes[name].info.tier
+            for name, (cls, _) in zip(self.order, classes, strict=True)
+            if cls != EXCLUDED
+        }
+        if not tiers:
+            return "none"
+        return tiers.pop() if len(tiers) == 1 else "any"
+
+    def diagnose(self, pod: PodInfo) -> Diagnosis:
+        """The diagnosis of one pending pod."""
+        message = pod.scheduled.message if pod.scheduled is not None else ""
+        classes, tier = self._node_classes(pod)
+        quota = self._quota(pod)
+        if quota is not None:
+            return Diagnosis(
+                pod.namespace,
+                pod.name,
+                pod.uid,
+                pod.requests,
+                quota[0],
+                quota[1],
+                tier=tier,
+                message=message,
+            )
+        topology = topology_of(pod, self.settings)
+        key = (
+            tuple(sorted(pod.node_selector.items())),
+            pod.affinity,
+            pod.tolerations,
+            tuple(sorted(pod.requests.items())),
+            topology,
+        )
+        found = self._memo.get(key) if self.reuse else None
+        if found is None:
+            found = self._classify(pod.requests, topology, classes, message)
+            if self.reuse:
+                self._memo[key] = found
+        reason, evidence, unblock = found
+        return Diagnosis(
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            pod.requests,
+            reason,
+            evidence,
+            unblock,
+            tier=tier,
+            message=message,
+        )
+
+    def _classify(
+        self,
+        request: Mapping[str, int],
+        topology: Topology,
+        classes: Sequence[tuple[int, str]],
+        message: str,
+    ) -> tuple[Reason, str, Unblock | None]:
+        nodes = self.nodes
+        eligible = [nodes[n] for n, (c, _) in zip(self.order, classes, strict=True) if c == OK]
+        for node in eligible:
+            if fits(node, request, topology):
+                said = f"; the scheduler says: {message}" if message else ""
+                return (
+                    Reason.OTHER,
+                    f"its GPUs fit on node {node.info.name} by what the agents publish{said}",
+                    None,
+                )
+        tier = self._tier(request, topology, classes)
+        if tier is not None:
+            return tier
+        resource, units = _primary(request)
+        kind = resource_kind(resource)
+        assert kind is not None
+        if kind[0] is Kind.MIG and kind[1] is not None:
+            return self._mig(resource, kind[1], units, eligible)
+        return self._whole(resource, units, topology, eligible)
+
+    def _tier(
+        self, request: Mapping[str, int], topology: Topology, classes: Sequence[tuple[int, str]]
+    ) -> tuple[Reason, str, Unblock | None] | None:
+        best: tuple[tuple[int, int, str], _Node, int, str] | None = None
+        for name, (cls, why) in zip(self.order, classes, strict=True):
+            if cls == OK:
+                continue
+            node = self.nodes[name]
+            if not fits(node, request, topology):
+                continue
+            resource, units = _primary(request)
+            rank = (cls, node.free.get(resource, 0) - units, name)
+            if best is None or rank < best[0]:
+                best = (rank, node, cls, why)
+        if best is None:
+            return None
+        _, node, cls, why = best
+        name, tier = node.info.name, node.info.tier
+        req = _request_text(request)
+        if cls == SERVICE:
+            text = f"bring node {name} (tier {tier}) back into service: it is {why}"
+            evidence = (
+                f"no node it may use holds {req} now; node {name} (tier {tier}) would, but it "
+                f"is {why}"
+            )
+            return Reason.TIER, evidence, Unblock("heal-node", name, text)
+        text = f"admit node {name} (tier {tier}): the pod's {why} excludes it"
+        evidence = (
+            f"no node in the tiers it admits holds {req}; node {name} in tier {tier} would, "
+            f"but its {why} excludes it"
+        )
+        return Reason.TIER, evidence, Unblock("admit-tier", name, text)
+
+    # whole GPUs and shared replicas
+
+    def _whole(
+        self, resource: str, units: int, topology: Topology, eligible: Sequence[_Node]
+    ) -> tuple[Reason, str, Unblock | None]:
+        need = _size(units, resource)
+        total = sum(max(0, n.free.get(resource, 0)) for n in eligible)
+        big_enough = [n for n in eligible if n.info.allocatable.get(resource, 0) >= units]
+        blocks = self._largest_blocks(resource, topology, eligible)
+        if not big_enough:
+            largest = max((n.info.allocatable.get(resource, 0) for n in eligible), default=0)
+            return (
+                Reason.CAPACITY,
+                f"no node it may use has {need} at all (the largest has {largest}); "
+                f"{total} free in total",
+                None,
+            )
+        counted = [n for n in big_enough if n.free.get(resource, 0) >= units]
+        if total < units and not counted:
+            return (
+                Reason.CAPACITY,
+                f"needs {need}; only {total} free on the nodes it may use; "
+                f"largest free block per tier: {blocks}",
+                None,
+            )
+        if counted and topology is not Topology.ANY:
+            what = "NVLink-connected set" if topology is Topology.NVLINK else "NUMA node"
+            evidence = (
+                f"needs {need} in one {what}; node {counted[0].info.name} has {units} free, but "
+                f"not in one {what}; largest free block per tier: {blocks}"
+            )
+        else:
+            evidence = (
+                f"needs {need} on one node; {total} free on the nodes it may use, but at most "
+                f"{self._max_free(resource, eligible)} on any one; largest free block per tier: "
+                f"{blocks}"
+            )
+        return Reason.CONTIGUITY_GPUS, evidence, self._moves(resource, units, topology, big_enough)
+
+    def _max_free(self, resource: str, nodes: Iterable[_Node]) -> int:
+        return max((max(0, n.free.get(resource, 0)) for n in nodes), default=0)
+
+    def _largest_blocks(self, resource: str, topology: Topology, nodes: Sequence[_Node]) -> str:
+        best: dict[str, tuple[int, str]] = {}
+        for n in nodes:
+            if not n.info.allocatable.get(resource):
+                continue
+            free = max(0, n.free.get(resource, 0))
+            if topology is not Topology.ANY and resource == GPU_RESOURCE:
+                groups = n.groups.get(topology) or [0]
+                free = min(free, groups[0])
+            tier = n.info.tier
+            if tier not in best or free > best[tier][0]:
+                best[tier] = (free, n.info.name)
+        return ", ".join(f"{t} {f} ({name})" for t, (f, name) in sorted(best.items())) or "none"
+
+    def _moves(
+        self, resource: str, units: int, topology: Topology, nodes: Sequence[_Node]
+    ) -> Unblock | None:
+        best: tuple[tuple[int, int, str], tuple[tuple[str, int], ...]] | None = None
+        for node in nodes:
+            chosen = self._pods_to_move(node, resource, units, topology)
+            if chosen is None:
+                continue
+            rank = (len(chosen), sum(u for _, u in chosen), node.info.name)
+            if best is None or rank < best[0]:
+                best = (rank, chosen)
+        if best is None:
+            return None
+        (_, _, name), chosen = best
+        listed = ", ".join(f"{pod} ({u})" for pod, u in chosen)
+        text = f"move {listed} off node {name}; then {_size(units, resource)} are free there"
+        return Unblock("move-pods", name, text, pods=tuple(p for p, _ in chosen))
+
+    def _pods_to_move(
+        self, node: _Node, resource: str, units: int, topology: Topology
+    ) -> tuple[tuple[str, int], ...] | None:
+        """The fewest bound pods whose leaving frees ``units`` (in one group if asked)."""
+        running = sorted(node.users.get(resource, []), key=lambda pu: (-pu[1], pu[0]))
+        if topology is not Topology.ANY and resource == GPU_RESOURCE and node.holders:
+            return self._group_moves(node, units, topology)
+        need = units - node.free.get(resource, 0)
+        chosen: list[tuple[str, int]] = []
+        for pod, u in running:
+            if need <= 0:
+                break
+            chosen.append((pod, u))
+            need -= u
+        return tuple(chosen) if need <= 0 else None
+
+    def _group_moves(
+        self, node: _Node, units: int, topology: Topology
+    ) -> tuple[tuple[str, int], ...] | None:
+        """With holders known: the group (island, NUMA node) freed by the fewest pods."""
+        group_of = node.group_of.get(topology, {})
+        pub = node.info.published
+        assert pub is not None
+        members: dict[int, list[int]] = {}
+        for g in pub.gpus:
+            if g.mig is None and g.schedulable:
+                members.setdefault(group_of.get(g.index, 0), []).append(g.index)
+        held_by: dict[str, int] = Counter(node.holders.values())
+        best: tuple[int, tuple[tuple[str, int], ...]] | None = None
+        for gpus in members.values():
+            if len(gpus) < units:
+                continue
+            free = sum(1 for i in gpus if i not in node.holders)
+            in_group = Counter(node.holders[i] for i in gpus if i in node.holders)
+            chosen = []
+            for pod, k in sorted(in_group.items(), key=lambda pk: (-pk[1], pk[0])):
+                if free >= units:
+                    break
+                chosen.append((pod, held_by[pod]))
+                free += k
+            if free >= units and (best is None or len(chosen) < best[0]):
+                best = (len(chosen), tuple(chosen))
+        return best[1] if best is not None else None
+
+    # MIG
+
+    def _mig(
+        self, resource: str, profile: str, units: int, eligible: Sequence[_Node]
+    ) -> tuple[Reason, str, Unblock | None]:
+        need = _size(units, resource)
+        known = [n for n in eligible if n.info.published is not None]
+        if eligible and not known:
+            return (
+                Reason.OTHER,
+                f"needs {need}; no node it may use publishes its GPU state "
+                f"({lbl.GPU_STATE_ANNOTATION}): is the agent running there?",
+                None,
+            )
+        size = 0  # memory slices of one instance (the model's placements, not the "3" in 3g)
+        most_free = 0
+        roomy: list[_Node] = []
+        for node in known:
+            room = 0
+            for g in node.mig:
+                p = g.geometry.profile(profile)
+                if p is None or not p.placements:
+                    continue
+                size = p.placements[0].size
+                most_free = max(most_free, g.free_slices)
+                room += g.free_slices // size
+            if room >= units:
+                roomy.append(node)
+        if not roomy:
+            if not size:
+                return Reason.CAPACITY, f"needs {need}; no GPU it may use offers {profile}", None
+            return (
+                Reason.CAPACITY,
+                f"needs {need}; a {profile} takes {size} memory slices, and no GPU it may use "
+                f"has that many that no workload holds (at most {most_free} on one GPU)",
+                None,
+            )
+        where = ", ".join(n.info.name for n in roomy[:3]) + (" ..." if len(roomy) > 3 else "")
+        best: tuple[tuple[int, int, str], _Node, list[tuple[_MigGpu, GpuPlan]]] | None = None
+        for node in roomy:
+            found = self._mig_node_plan(node, profile, units - max(0, node.free.get(resource, 0)))
+            if found is None:
+                continue
+            cost, plans = found
+            rank = (cost, len(plans), node.info.name)
+            if best is None or rank < best[0]:
+                best = (rank, node, plans)
+        if best is None:
+            evidence = (
+                f"needs {need}; GPUs on {where} have {size} memory slices that no workload holds, "
+                f"but every legal placement of {profile} overlaps a busy or allocated instance"
+            )
+            return Reason.CONTIGUITY_MIG, evidence, None
+        _, node, plans = best
+        changes = tuple(
+            GpuChange(
+                g.index,
+                tuple(_slot(i) for i in plan.destroy),
+                tuple(plan.create),
+                plan.layout_after(),
+            )
+            for g, plan in plans
+        )
+        parts = []
+        for c in changes:
+            gone = ", ".join(s.label for s in c.destroy)
+            made = ", ".join(s.label for s in c.create)
+            parts.append(
+                f"GPU {c.gpu}: " + (f"destroy idle {gone}, " if gone else "") + f"create {made}"
+            )
+        name = node.info.name
+        text = f"change the MIG layout on node {name}: " + "; ".join(parts) + " (no busy instance)"
+        if any(c.destroy for c in changes):
+            why = (
+                f"the free slices on node {name} are taken by idle instances of other profiles "
+                f"or are not where a {profile} may start"
+            )
+        else:
+            why = f"the layout on node {name} has no free {profile}, though its free slices fit one"
+        evidence = f"needs {need}; GPUs on {where} have the memory slices free, but {why}"
+        return Reason.CONTIGUITY_MIG, evidence, Unblock("mig-layout", name, text, changes=changes)
+
+    def _mig_node_plan(
+        self, node: _Node, profile: str, missing: int
+    ) -> tuple[int, list[tuple[_MigGpu, GpuPlan]]] | None:
+        """The fewest destroyed instances over the node's GPUs that gain ``missing`` free
+        ``profile`` instances (a small knapsack over each GPU's options)."""
+        if missing <= 0:
+            return 0, []
+        best: dict[int, tuple[int, list[tuple[_MigGpu, GpuPlan]]]] = {0: (0, [])}
+        for g in node.mig:
+            options = self._gpu_gains(g, profile, missing)
+            step = dict(best)
+            for have, (cost, plans) in best.items():
+                for j, plan in enumerate(options, start=1):
+                    if plan is None:
+                        continue
+                    total = min(missing, have + j)
+                    entry = (cost + len(plan.destroy), [*plans, (g, plan)])
+                    old = step.get(total)
+                    if old is None or (entry[0], len(entry[1])) < (old[0], len(old[1])):
+                        step[total] = entry
+            best = step
+        return best.get(missing)
+
+    def _gpu_gains(self, g: _MigGpu, profile: str, most: int) -> tuple[GpuPlan | None, ...]:
+        key = (g.geometry, g.slots, profile, most)
+        if self.reuse and key in self._gains:
+            return self._gains[key]
+        found = gains(g.geometry, g.slots, profile, most)
+        if self.reuse:
+            self._gains[key] = found
+        return found
+
+    # the pool
+
+    def stats(self, diagnoses: Sequence[Diagnosis]) -> PoolStats:
+        """Free-but-unusable capacity per tier, against what the blocked pods ask for."""
+        smallest: dict[str, int] = {}
+        for d in diagnoses:
+            if d.reason in (Reason.QUOTA, Reason.OTHER):
+                continue
+            units = d.request.get(GPU_RESOURCE)
+            if units:
+                for tier in self._tiers_of(d):
+                    smallest[tier] = min(smallest.get(tier, units), units)
+        free: dict[str, int] = {}
+        block: dict[str, int] = {}
+        unusable: dict[str, int] = {}
+        slices: dict[tuple[str, str], int] = {}
+        cache: dict[tuple[Any, ...], dict[str, int]] = {}
+        for name in self.order:
+            node = self.nodes[name]
+            info = node.info
+            if info.unschedulable or any(
+                t.key in self.settings.service_taints and t.effect in BLOCKING_EFFECTS
+                for t in info.taints
+            ):
+                continue
+            tier = info.tier
+            f = max(0, node.free.get(GPU_RESOURCE, 0))
+            free[tier] = free.get(tier, 0) + f
+            groups = node.groups.get(Topology.NVLINK)
+            largest = min(f, groups[0] if groups else 0) if groups is not None else 0
+            block[tier] = max(block.get(tier, 0), largest)
+            if tier in smallest:
+                s = smallest[tier]
+                unusable[tier] = unusable.get(tier, 0) + f - (f // s) * s
+            for g in node.mig:
+                layout = tuple(MigSlot(s.profile, Placement(s.start, s.size)) for s in g.slots)
+                key = (g.geometry, layout)
+                per = cache.get(key)
+                if per is None:
+                    per = {
+                        p.name: stranded_slices(g.geometry, layout, [p.name])
+                        for p in g.geometry.profiles
+                    }
+                    cache[key] = per
+                for profile, n in per.items():
+                    slices[(tier, profile)] = slices.get((tier, profile), 0) + n
+        for tier in free:
+            unusable.setdefault(tier, 0)
+        return PoolStats(free, block, unusable, slices)
+
+    def _tiers_of(self, d: Diagnosis) -> set[str]:
+        if d.tier not in ("any", "none"):
+            return {d.tier}
+        return {n.info.tier for n in self.nodes.values()}
+
+    def run(self) -> PassResult:
+        """Diagnose every pending GPU pod."""
+        diagnoses = tuple(self.diagnose(p) for p in self.pending())
+        return PassResult(diagnoses, self.stats(diagnoses))
+
+
+def diagnose(view: ClusterView, settings: Settings | None = None) -> PassResult:
+    """One diagnosis pass over ``view`` (see the module docstring)."""
+    return Diagnoser(view, settings or Settings()).run()
