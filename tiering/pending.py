@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent.capacity import stranded_slices
+from nodeagent.capacity import creatable, stranded_slices
 from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
 from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 from nodeagent_tiering.policy import Operator, TierPolicy
@@ -216,6 +216,13 @@ class PoolStats:
     unusable_gpus: Mapping[str, int] = field(default_factory=dict)
     # (tier, profile) -> free memory slices no free legal placement of the profile covers.
     unusable_mig_slices: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # tier -> {k: free GPUs on nodes with exactly k free}: the shape of the free capacity.
+    free_blocks: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # (tier, profile) -> free memory slices that new instances of the profile could take.
+    mig_fit_slices: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    mig_free_slices: Mapping[str, int] = field(default_factory=dict)  # tier -> slices no one has
+    # node -> (free GPUs, free MIG slices) that no blocked request can use (for attribution).
+    stranded_by_node: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,7 +437,7 @@ def _request_text(request: Mapping[str, int]) -> str:
     return ", ".join(_size(n, r) for r, n in sorted(request.items()))
 
 
-def _primary(request: Mapping[str, int]) -> tuple[str, int]:
+def primary_request(request: Mapping[str, int]) -> tuple[str, int]:
     """The resource the diagnosis is about: MIG before whole GPUs before shared replicas."""
     order = {Kind.MIG: 0, Kind.GPU: 1, Kind.SHARED: 2}
 
@@ -638,7 +645,7 @@ class Diagnoser:
         tier = self._tier(request, topology, classes)
         if tier is not None:
             return tier
-        resource, units = _primary(request)
+        resource, units = primary_request(request)
         kind = resource_kind(resource)
         assert kind is not None
         if kind[0] is Kind.MIG and kind[1] is not None:
@@ -655,7 +662,7 @@ class Diagnoser:
             node = self.nodes[name]
             if not fits(node, request, topology):
                 continue
-            resource, units = _primary(request)
+            resource, units = primary_request(request)
             rank = (cls, node.free.get(resource, 0) - units, name)
             if best is None or rank < best[0]:
                 best = (rank, node, cls, why)
@@ -913,20 +920,34 @@ class Diagnoser:
     # the pool
 
     def stats(self, diagnoses: Sequence[Diagnosis]) -> PoolStats:
-        """Free-but-unusable capacity per tier, against what the blocked pods ask for."""
+        """Free-but-unusable capacity per tier, against what the blocked pods ask for.
+
+        Demand is the blocked pods (not quota, not other): a free GPU is unusable when its node's
+        free count is not a multiple of the smallest blocked whole-GPU request that may use the
+        tier (the exporter's stranded-GPU rule, with the pending sizes as request sizes); a free
+        slice is unusable for a profile when no free legal placement of it covers the slice.
+        """
         smallest: dict[str, int] = {}
+        profiles: dict[str, set[str]] = {}
         for d in diagnoses:
             if d.reason in (Reason.QUOTA, Reason.OTHER):
                 continue
-            units = d.request.get(GPU_RESOURCE)
-            if units:
-                for tier in self._tiers_of(d):
+            resource, units = primary_request(d.request)
+            kind = resource_kind(resource)
+            for tier in self._tiers_of(d):
+                if resource == GPU_RESOURCE:
                     smallest[tier] = min(smallest.get(tier, units), units)
+                elif kind is not None and kind[0] is Kind.MIG and kind[1] is not None:
+                    profiles.setdefault(tier, set()).add(kind[1])
         free: dict[str, int] = {}
         block: dict[str, int] = {}
         unusable: dict[str, int] = {}
         slices: dict[tuple[str, str], int] = {}
-        cache: dict[tuple[Any, ...], dict[str, int]] = {}
+        blocks: dict[str, dict[int, int]] = {}
+        fit: dict[tuple[str, str], int] = {}
+        mig_free: dict[str, int] = {}
+        by_node: dict[str, tuple[int, int]] = {}
+        cache: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
         for name in self.order:
             node = self.nodes[name]
             info = node.info
@@ -938,27 +959,36 @@ class Diagnoser:
             tier = info.tier
             f = max(0, node.free.get(GPU_RESOURCE, 0))
             free[tier] = free.get(tier, 0) + f
+            if f:
+                sizes = blocks.setdefault(tier, {})
+                sizes[f] = sizes.get(f, 0) + f
             groups = node.groups.get(Topology.NVLINK)
             largest = min(f, groups[0] if groups else 0) if groups is not None else 0
             block[tier] = max(block.get(tier, 0), largest)
+            stranded_gpus = 0
             if tier in smallest:
-                s = smallest[tier]
-                unusable[tier] = unusable.get(tier, 0) + f - (f // s) * s
+                stranded_gpus = f - (f // smallest[tier]) * smallest[tier]
+                unusable[tier] = unusable.get(tier, 0) + stranded_gpus
+            stranded = 0
             for g in node.mig:
                 layout = tuple(MigSlot(s.profile, Placement(s.start, s.size)) for s in g.slots)
                 key = (g.geometry, layout)
-                per = cache.get(key)
-                if per is None:
-                    per = {
-                        p.name: stranded_slices(g.geometry, layout, [p.name])
-                        for p in g.geometry.profiles
-                    }
-                    cache[key] = per
+                if key not in cache:
+                    cache[key] = _slice_measures(g.geometry, layout)
+                per, fits_ = cache[key]
+                free_here = g.geometry.memory_slices - sum(s.size for s in g.slots)
+                mig_free[tier] = mig_free.get(tier, 0) + free_here
                 for profile, n in per.items():
                     slices[(tier, profile)] = slices.get((tier, profile), 0) + n
+                    fit[(tier, profile)] = fit.get((tier, profile), 0) + fits_[profile]
+                wanted = profiles.get(tier)
+                if wanted:
+                    stranded += stranded_slices(g.geometry, layout, sorted(wanted))
+            if stranded_gpus or stranded:
+                by_node[name] = (stranded_gpus, stranded)
         for tier in free:
             unusable.setdefault(tier, 0)
-        return PoolStats(free, block, unusable, slices)
+        return PoolStats(free, block, unusable, slices, blocks, fit, mig_free, by_node)
 
     def _tiers_of(self, d: Diagnosis) -> set[str]:
         if d.tier not in ("any", "none"):
@@ -969,6 +999,19 @@ class Diagnoser:
         """Diagnose every pending GPU pod."""
         diagnoses = tuple(self.diagnose(p) for p in self.pending())
         return PassResult(diagnoses, self.stats(diagnoses))
+
+
+def _slice_measures(
+    geometry: MigGeometry, layout: tuple[MigSlot, ...]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per profile: free slices it cannot use, and free slices its new instances could take."""
+    room = creatable(geometry, layout)
+    unusable = {p.name: stranded_slices(geometry, layout, [p.name]) for p in geometry.profiles}
+    usable = {
+        p.name: room.get(p.name, 0) * (p.placements[0].size if p.placements else 0)
+        for p in geometry.profiles
+    }
+    return unusable, usable
 
 
 def diagnose(view: ClusterView, settings: Settings | None = None) -> PassResult:

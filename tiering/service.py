@@ -17,6 +17,8 @@ from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache
 from nodeagent_tiering.leader import LeaderElector
+from nodeagent_tiering.pending import settings_for
+from nodeagent_tiering.pending_loop import PendingLoop
 from nodeagent_tiering.planner import Plan
 from nodeagent_tiering.policy import TierPolicy
 
@@ -33,6 +35,7 @@ class Service:
     cache: NodeCache
     controller: Controller
     elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
+    pending: PendingLoop  # why GPU workloads are pending (advisory: Events, metrics, history)
 
 
 def build(
@@ -55,7 +58,18 @@ def build(
             kube, namespace=namespace, name=lease_name, identity=identity, clock=clock
         )
     controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
-    return Service(kube, cache, controller, elector)
+    pending = PendingLoop(
+        kube,
+        cache,
+        settings_for(policy),
+        controller.metrics.pending,
+        clock=clock,
+        namespace=namespace,
+        identity=identity,
+        may_act=controller.may_act,
+        dry_run=dry_run,
+    )
+    return Service(kube, cache, controller, elector, pending)
 
 
 def run_once(service: Service) -> Plan:
@@ -83,4 +97,9 @@ def serve(service: Service, metrics_host: str | None, metrics_port: int | None) 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    diagnosis = threading.Thread(
+        target=service.pending.run, args=(stop,), name="tiering-pending", daemon=True
+    )
+    diagnosis.start()
     service.controller.run(stop)
+    diagnosis.join(timeout=5)
