@@ -394,6 +394,26 @@ def node_class(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[int, s
 _CORDON = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
 
 
+def node_causes(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[list[str], list[str]]:
+    """Every reason the pod may not use the node: (its own constraints, out of service)."""
+    excluded = [f"node selector {k}={v}" for k, v in pod.node_selector.items()
+                if node.labels.get(k) != v]  # fmt: skip
+    if pod.affinity and not any(t.matches(node) for t in pod.affinity):
+        excluded.append("required node affinity")
+    service = []
+    for taint in node.taints:
+        if taint.effect not in BLOCKING_EFFECTS or any(t.tolerates(taint) for t in pod.tolerations):
+            continue
+        text = f"taint {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
+        if taint.key in settings.service_taints:
+            service.append(text)
+        else:
+            excluded.append(f"untolerated {text}")
+    if node.unschedulable and not any(t.tolerates(_CORDON) for t in pod.tolerations):
+        service.insert(0, "cordoned" + (" (draining)" if node.draining else ""))
+    return excluded, service
+
+
 def topology_of(pod: PodInfo, settings: Settings) -> Topology:
     """What the pod asks of its GPUs' topology (label first, then annotation)."""
     raw = pod.labels.get(settings.topology_key) or pod.annotations.get(settings.topology_key)
@@ -609,7 +629,7 @@ class Diagnoser:
         )
         found = self._memo.get(key) if self.reuse else None
         if found is None:
-            found = self._classify(pod.requests, topology, classes, message)
+            found = self._classify(pod, pod.requests, topology, classes, message)
             if self.reuse:
                 self._memo[key] = found
         reason, evidence, unblock = found
@@ -627,6 +647,7 @@ class Diagnoser:
 
     def _classify(
         self,
+        pod: PodInfo,
         request: Mapping[str, int],
         topology: Topology,
         classes: Sequence[tuple[int, str]],
@@ -642,7 +663,7 @@ class Diagnoser:
                     f"its GPUs fit on node {node.info.name} by what the agents publish{said}",
                     None,
                 )
-        tier = self._tier(request, topology, classes)
+        tier = self._tier(pod, request, topology, classes)
         if tier is not None:
             return tier
         resource, units = primary_request(request)
@@ -653,32 +674,42 @@ class Diagnoser:
         return self._whole(resource, units, topology, eligible)
 
     def _tier(
-        self, request: Mapping[str, int], topology: Topology, classes: Sequence[tuple[int, str]]
+        self,
+        pod: PodInfo,
+        request: Mapping[str, int],
+        topology: Topology,
+        classes: Sequence[tuple[int, str]],
     ) -> tuple[Reason, str, Unblock | None] | None:
-        best: tuple[tuple[int, int, str], _Node, int, str] | None = None
-        for name, (cls, why) in zip(self.order, classes, strict=True):
+        """A node the pod may not use now would hold it: the one needing the fewest changes
+        (back in service before admitted, then the tightest fit)."""
+        best: tuple[tuple[int, int, int, str], _Node, list[str], list[str]] | None = None
+        resource = primary_request(request)[0]
+        for name, (cls, _) in zip(self.order, classes, strict=True):
             if cls == OK:
                 continue
             node = self.nodes[name]
             if not fits(node, request, topology):
                 continue
-            resource, units = primary_request(request)
-            rank = (cls, node.free.get(resource, 0) - units, name)
+            excluded, service = node_causes(pod, node.info, self.settings)
+            rank = (len(excluded) + len(service), len(excluded), node.free.get(resource, 0), name)
             if best is None or rank < best[0]:
-                best = (rank, node, cls, why)
+                best = (rank, node, excluded, service)
         if best is None:
             return None
-        _, node, cls, why = best
+        _, node, excluded, service = best
         name, tier = node.info.name, node.info.tier
         req = _request_text(request)
-        if cls == SERVICE:
-            text = f"bring node {name} (tier {tier}) back into service: it is {why}"
+        down = f"bring node {name} (tier {tier}) back into service: it is {', '.join(service)}"
+        if not excluded:
             evidence = (
                 f"no node it may use holds {req} now; node {name} (tier {tier}) would, but it "
-                f"is {why}"
+                f"is {', '.join(service)}"
             )
-            return Reason.TIER, evidence, Unblock("heal-node", name, text)
+            return Reason.TIER, evidence, Unblock("heal-node", name, down)
+        why = ", ".join(excluded)
         text = f"admit node {name} (tier {tier}): the pod's {why} excludes it"
+        if service:
+            text += f"; and {down}"
         evidence = (
             f"no node in the tiers it admits holds {req}; node {name} in tier {tier} would, "
             f"but its {why} excludes it"
@@ -692,13 +723,19 @@ class Diagnoser:
     ) -> tuple[Reason, str, Unblock | None]:
         need = _size(units, resource)
         total = sum(max(0, n.free.get(resource, 0)) for n in eligible)
-        big_enough = [n for n in eligible if n.info.allocatable.get(resource, 0) >= units]
+        sizes = {n.info.name: self._largest_set(n, resource, topology) for n in eligible}
+        big_enough = [n for n in eligible if sizes[n.info.name] >= units]
         blocks = self._largest_blocks(resource, topology, eligible)
         if not big_enough:
-            largest = max((n.info.allocatable.get(resource, 0) for n in eligible), default=0)
+            largest = max(sizes.values(), default=0)
+            what = {
+                Topology.NVLINK: " in one NVLink-connected set",
+                Topology.NUMA: " on one NUMA node",
+            }
+            where = what.get(topology, "") if resource == GPU_RESOURCE else ""
             return (
                 Reason.CAPACITY,
-                f"no node it may use has {need} at all (the largest has {largest}); "
+                f"no node it may use has {need}{where} at all (the largest has {largest}); "
                 f"{total} free in total",
                 None,
             )
@@ -723,6 +760,20 @@ class Diagnoser:
                 f"{blocks}"
             )
         return Reason.CONTIGUITY_GPUS, evidence, self._moves(resource, units, topology, big_enough)
+
+    @staticmethod
+    def _largest_set(node: _Node, resource: str, topology: Topology) -> int:
+        """The most units of ``resource`` the node could ever give one pod (in one group when
+        the pod asks for a topology and the agent publishes it)."""
+        units = node.info.allocatable.get(resource, 0)
+        pub = node.info.published
+        if topology is Topology.ANY or resource != GPU_RESOURCE or pub is None:
+            return units
+        group_of = node.group_of.get(topology, {})
+        sizes = Counter(
+            group_of.get(g.index, 0) for g in pub.gpus if g.mig is None and g.schedulable
+        )
+        return min(units, max(sizes.values(), default=0))
 
     def _max_free(self, resource: str, nodes: Iterable[_Node]) -> int:
         return max((max(0, n.free.get(resource, 0)) for n in nodes), default=0)
@@ -764,8 +815,12 @@ class Diagnoser:
     ) -> tuple[tuple[str, int], ...] | None:
         """The fewest bound pods whose leaving frees ``units`` (in one group if asked)."""
         running = sorted(node.users.get(resource, []), key=lambda pu: (-pu[1], pu[0]))
-        if topology is not Topology.ANY and resource == GPU_RESOURCE and node.holders:
+        pub = node.info.published
+        grouped = topology is not Topology.ANY and resource == GPU_RESOURCE
+        if grouped and pub is not None and pub.allocations_known:
             return self._group_moves(node, units, topology)
+        # Without who-holds-what (no pod-resources) a grouped request is counted as the
+        # scheduler counts: approximate, see docs/tiering.md.
         need = units - node.free.get(resource, 0)
         chosen: list[tuple[str, int]] = []
         for pod, u in running:
@@ -773,7 +828,7 @@ class Diagnoser:
                 break
             chosen.append((pod, u))
             need -= u
-        return tuple(chosen) if need <= 0 else None
+        return tuple(chosen) if need <= 0 and chosen else None
 
     def _group_moves(
         self, node: _Node, units: int, topology: Topology
@@ -799,7 +854,7 @@ class Diagnoser:
                     break
                 chosen.append((pod, held_by[pod]))
                 free += k
-            if free >= units and (best is None or len(chosen) < best[0]):
+            if free >= units and chosen and (best is None or len(chosen) < best[0]):
                 best = (len(chosen), tuple(chosen))
         return best[1] if best is not None else None
 
@@ -840,7 +895,6 @@ class Diagnoser:
                 f"has that many that no workload holds (at most {most_free} on one GPU)",
                 None,
             )
-        where = ", ".join(n.info.name for n in roomy[:3]) + (" ..." if len(roomy) > 3 else "")
         best: tuple[tuple[int, int, str], _Node, list[tuple[_MigGpu, GpuPlan]]] | None = None
         for node in roomy:
             found = self._mig_node_plan(node, profile, units - max(0, node.free.get(resource, 0)))
@@ -851,6 +905,7 @@ class Diagnoser:
             if best is None or rank < best[0]:
                 best = (rank, node, plans)
         if best is None:
+            where = ", ".join(n.info.name for n in roomy[:3]) + (" ..." if len(roomy) > 3 else "")
             evidence = (
                 f"needs {need}; GPUs on {where} have {size} memory slices that no workload holds, "
                 f"but every legal placement of {profile} overlaps a busy or allocated instance"
@@ -875,14 +930,23 @@ class Diagnoser:
             )
         name = node.info.name
         text = f"change the MIG layout on node {name}: " + "; ".join(parts) + " (no busy instance)"
-        if any(c.destroy for c in changes):
+        first = changes[0]
+        gpu = next(g for g in node.mig if g.index == first.gpu)
+        p = gpu.geometry.profile(profile)
+        starts = ", ".join(str(q.start) for q in p.placements) if p is not None else ""
+        here = (
+            f"GPU {gpu.index} of node {name} has {gpu.free_slices} memory slices that no "
+            "workload holds"
+        )
+        if first.destroy:
+            idle = ", ".join(sorted({s.profile for s in first.destroy}))
             why = (
-                f"the free slices on node {name} are taken by idle instances of other profiles "
-                f"or are not where a {profile} may start"
+                f"{here}, but idle {idle} instances sit where a {profile} ({size} slices, "
+                f"starting at slice {starts}) would go"
             )
         else:
-            why = f"the layout on node {name} has no free {profile}, though its free slices fit one"
-        evidence = f"needs {need}; GPUs on {where} have the memory slices free, but {why}"
+            why = f"{here} and room for a {profile}, but its layout has no free {profile} instance"
+        evidence = f"needs {need}; {why}"
         return Reason.CONTIGUITY_MIG, evidence, Unblock("mig-layout", name, text, changes=changes)
 
     def _mig_node_plan(
