@@ -50,7 +50,10 @@ def _apply(
         meta = obj["metadata"]
         labels = meta.setdefault("labels", {})
         if isinstance(action, SetTier):
-            lines.append(f"set tier {action.tier} on node {action.node}")
+            if action.tier is None:
+                lines.append(f"remove the tier label of node {action.node} (it is in no tier)")
+            else:
+                lines.append(f"set tier {action.tier} on node {action.node}")
             if action.tier is None:
                 labels.pop(lbl.TIER, None)
             else:
