@@ -169,9 +169,7 @@ class History:
             node = pod.node_name
             if node is not None and node in stranded and pod.holds_resources and pod.requests:
                 resource, units = primary_request(pod.requests)
-                on.setdefault(node, []).append(
-                    (pod.namespace, f"{units} {resource}", units)
-                )
+                on.setdefault(node, []).append((pod.namespace, f"{units} {resource}", units))
         for node, (gpus, slices) in stranded.items():
             pods = on.get(node, [])
             total = sum(u for _, _, u in pods)

@@ -36,7 +36,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from nodeagent import labels as lbl
 from nodeagent.capacity import creatable, stranded_slices
@@ -73,6 +73,7 @@ SERVICE_TAINTS = frozenset(
     }
 )
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+_T = TypeVar("_T")
 
 
 class Reason(enum.StrEnum):
@@ -240,8 +241,7 @@ class PassResult:
 # --- per-node state -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
+class _Slot(NamedTuple):  # a tuple: cheap to hash, it keys the planner cache
     profile: str
     start: int
     size: int
@@ -253,10 +253,35 @@ class _MigGpu:
     index: int
     geometry: MigGeometry
     slots: tuple[_Slot, ...]
+    free_slices: int = 0  # memory slices no held instance occupies
 
-    @property
-    def free_slices(self) -> int:
-        return self.geometry.memory_slices - sum(s.size for s in self.slots if s.held)
+    def __post_init__(self) -> None:
+        self.free_slices = self.geometry.memory_slices - sum(s.size for s in self.slots if s.held)
+
+
+class _ByGeometry(Generic[_T]):
+    """A cache whose keys include a MIG geometry, without hashing it on every lookup.
+
+    A geometry is a deep frozen value, so hashing it costs far more than the lookup; the key
+    uses its model name instead, and a hit is confirmed by identity (decoded annotations share
+    one object per geometry) or, failing that, equality.
+    """
+
+    def __init__(self, limit: int = 65536) -> None:
+        self._items: dict[tuple[Any, ...], list[tuple[MigGeometry, _T]]] = {}
+        self._limit = limit
+
+    def get(self, geometry: MigGeometry, key: tuple[Any, ...]) -> _T | None:
+        for geo, value in self._items.get((geometry.model, *key), ()):
+            if geo is geometry or geo == geometry:
+                return value
+        return None
+
+    def put(self, geometry: MigGeometry, key: tuple[Any, ...], value: _T) -> _T:
+        if len(self._items) >= self._limit:
+            self._items.clear()  # a pool has few distinct layouts; this bounds a pathological one
+        self._items.setdefault((geometry.model, *key), []).append((geometry, value))
+        return value
 
 
 @dataclass(slots=True)
@@ -346,17 +371,38 @@ def _prepare(view: ClusterView) -> dict[str, _Node]:
     for info in view.nodes:
         u = used.get(info.name, {})
         free = {r: n - u.get(r, 0) for r, n in info.allocatable.items()}
-        groups, holders = _whole_gpus(info, u.get(GPU_RESOURCE, 0))
-        group_of: dict[Topology, dict[int, int]] = {}
-        if info.published is not None:
-            group_of[Topology.NVLINK] = {g.index: g.island for g in info.published.gpus}
-            group_of[Topology.NUMA] = {
-                g.index: g.numa if g.numa is not None else 0 for g in info.published.gpus
-            }
-        out[info.name] = _Node(
-            info, free, users.get(info.name, {}), _mig_gpus(info, u), groups, holders, group_of
-        )
+        mig, groups, holders, group_of = _placement(info, u)
+        out[info.name] = _Node(info, free, users.get(info.name, {}), mig, groups, holders, group_of)
     return out
+
+
+_Placement = tuple[
+    list[_MigGpu], dict[Topology, list[int]], dict[int, str], dict[Topology, dict[int, int]]
+]
+# Node -> its placement facts, while neither the node object nor its pods' requests change: the
+# service keeps one parsed object per node version, so most nodes hit from pass to pass. The
+# entry holds the node object, so its id cannot be reused while the entry lives.
+_PLACEMENTS: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[NodeInfo, _Placement]] = {}
+_PLACEMENTS_LIMIT = 50_000
+
+
+def _placement(info: NodeInfo, used: Mapping[str, int]) -> _Placement:
+    key = (id(info), tuple(sorted(used.items())))
+    hit = _PLACEMENTS.get(key)
+    if hit is not None and hit[0] is info:
+        return hit[1]
+    groups, holders = _whole_gpus(info, used.get(GPU_RESOURCE, 0))
+    group_of: dict[Topology, dict[int, int]] = {}
+    if info.published is not None:
+        group_of[Topology.NVLINK] = {g.index: g.island for g in info.published.gpus}
+        group_of[Topology.NUMA] = {
+            g.index: g.numa if g.numa is not None else 0 for g in info.published.gpus
+        }
+    found = (_mig_gpus(info, used), groups, holders, group_of)
+    if len(_PLACEMENTS) >= _PLACEMENTS_LIMIT:
+        _PLACEMENTS.clear()
+    _PLACEMENTS[key] = (info, found)
+    return found
 
 
 # --- scheduling constraints ---------------------------------------------------------------------
@@ -475,6 +521,10 @@ def _slot(i: Instance | MigSlot) -> MigSlot:
     return MigSlot(i.profile, i.placement)
 
 
+_GAINS: _ByGeometry[tuple[GpuPlan | None, ...]] = _ByGeometry()
+_MEASURES: _ByGeometry[tuple[dict[str, int], dict[str, int]]] = _ByGeometry()
+
+
 def gains(
     geometry: MigGeometry, slots: tuple[_Slot, ...], profile: str, most: int
 ) -> tuple[GpuPlan | None, ...]:
@@ -485,8 +535,19 @@ def gains(
     plus ``j`` of ``profile``; :func:`plan_gpu` (minimal disruption, held instances passed as
     busy) plans each, and the one destroying the fewest wins, then the one that leaves the most
     future capacity. An optimal plan never needs to recreate another profile, so the candidates
-    cover every optimum; the search stops once removing more cannot destroy fewer.
+    cover every optimum; the search stops once removing more cannot destroy fewer. Cached: a
+    pool has few distinct layouts, and the answer depends on nothing else.
     """
+    key = (slots, profile, most)
+    found = _GAINS.get(geometry, key)
+    if found is None:
+        found = _GAINS.put(geometry, key, _gains(geometry, slots, profile, most))
+    return found
+
+
+def _gains(
+    geometry: MigGeometry, slots: tuple[_Slot, ...], profile: str, most: int
+) -> tuple[GpuPlan | None, ...]:
     if geometry.profile(profile) is None:
         return (None,) * most
     current = [Instance(s.profile, Placement(s.start, s.size), busy=s.held) for s in slots]
@@ -521,7 +582,8 @@ def gains(
 
 class Diagnoser:
     """One pass over a view. ``reuse=False`` is the naive scan (every pod against every node,
-    nothing shared between pods), kept for the benchmark's comparison."""
+    nothing shared between pods but the planner's per-layout answers), kept for the
+    benchmark's comparison."""
 
     def __init__(self, view: ClusterView, settings: Settings, *, reuse: bool = True) -> None:
         self.view = view
@@ -535,8 +597,7 @@ class Diagnoser:
                 self._workloads[owner] = wl
         self._classes: dict[tuple[Any, ...], tuple[list[tuple[int, str]], str]] = {}
         self._memo: dict[tuple[Any, ...], tuple[Reason, str, Unblock | None]] = {}
-        self._gains: dict[tuple[Any, ...], tuple[GpuPlan | None, ...]] = {}
-        self._smallest_blocked: dict[str, int] = {}
+        self._all_tiers: set[str] | None = None
 
     # pods
 
@@ -904,6 +965,8 @@ class Diagnoser:
             rank = (cost, len(plans), node.info.name)
             if best is None or rank < best[0]:
                 best = (rank, node, plans)
+            if cost == 0 and len(plans) <= 1:
+                break  # nothing to destroy, on one GPU: nodes come by name, none ranks higher
         if best is None:
             where = ", ".join(n.info.name for n in roomy[:3]) + (" ..." if len(roomy) > 3 else "")
             evidence = (
@@ -973,13 +1036,7 @@ class Diagnoser:
         return best.get(missing)
 
     def _gpu_gains(self, g: _MigGpu, profile: str, most: int) -> tuple[GpuPlan | None, ...]:
-        key = (g.geometry, g.slots, profile, most)
-        if self.reuse and key in self._gains:
-            return self._gains[key]
-        found = gains(g.geometry, g.slots, profile, most)
-        if self.reuse:
-            self._gains[key] = found
-        return found
+        return gains(g.geometry, g.slots, profile, most)
 
     # the pool
 
@@ -1011,7 +1068,6 @@ class Diagnoser:
         fit: dict[tuple[str, str], int] = {}
         mig_free: dict[str, int] = {}
         by_node: dict[str, tuple[int, int]] = {}
-        cache: dict[tuple[Any, ...], tuple[dict[str, int], dict[str, int]]] = {}
         for name in self.order:
             node = self.nodes[name]
             info = node.info
@@ -1035,11 +1091,11 @@ class Diagnoser:
                 unusable[tier] = unusable.get(tier, 0) + stranded_gpus
             stranded = 0
             for g in node.mig:
-                layout = tuple(MigSlot(s.profile, Placement(s.start, s.size)) for s in g.slots)
-                key = (g.geometry, layout)
-                if key not in cache:
-                    cache[key] = _slice_measures(g.geometry, layout)
-                per, fits_ = cache[key]
+                shape = tuple((s.profile, s.start, s.size) for s in g.slots)
+                measured = _MEASURES.get(g.geometry, shape)
+                if measured is None:
+                    measured = _MEASURES.put(g.geometry, shape, _slice_measures(g.geometry, shape))
+                per, fits_ = measured
                 free_here = g.geometry.memory_slices - sum(s.size for s in g.slots)
                 mig_free[tier] = mig_free.get(tier, 0) + free_here
                 for profile, n in per.items():
@@ -1047,7 +1103,7 @@ class Diagnoser:
                     fit[(tier, profile)] = fit.get((tier, profile), 0) + fits_[profile]
                 wanted = profiles.get(tier)
                 if wanted:
-                    stranded += stranded_slices(g.geometry, layout, sorted(wanted))
+                    stranded += _stranded_for(g.geometry, shape, tuple(sorted(wanted)))
             if stranded_gpus or stranded:
                 by_node[name] = (stranded_gpus, stranded)
         for tier in free:
@@ -1057,7 +1113,9 @@ class Diagnoser:
     def _tiers_of(self, d: Diagnosis) -> set[str]:
         if d.tier not in ("any", "none"):
             return {d.tier}
-        return {n.info.tier for n in self.nodes.values()}
+        if self._all_tiers is None:
+            self._all_tiers = {n.info.tier for n in self.nodes.values()}
+        return self._all_tiers
 
     def run(self) -> PassResult:
         """Diagnose every pending GPU pod."""
@@ -1065,10 +1123,30 @@ class Diagnoser:
         return PassResult(diagnoses, self.stats(diagnoses))
 
 
+_STRANDED: _ByGeometry[int] = _ByGeometry()
+
+
+def _slots(shape: tuple[tuple[str, int, int], ...]) -> tuple[MigSlot, ...]:
+    return tuple(MigSlot(p, Placement(start, size)) for p, start, size in shape)
+
+
+def _stranded_for(
+    geometry: MigGeometry, shape: tuple[tuple[str, int, int], ...], wanted: tuple[str, ...]
+) -> int:
+    """Free slices no free placement of the wanted profiles covers (cached per layout)."""
+    found = _STRANDED.get(geometry, (shape, wanted))
+    if found is None:
+        found = _STRANDED.put(
+            geometry, (shape, wanted), stranded_slices(geometry, _slots(shape), wanted)
+        )
+    return found
+
+
 def _slice_measures(
-    geometry: MigGeometry, layout: tuple[MigSlot, ...]
+    geometry: MigGeometry, shape: tuple[tuple[str, int, int], ...]
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Per profile: free slices it cannot use, and free slices its new instances could take."""
+    layout = _slots(shape)
     room = creatable(geometry, layout)
     unusable = {p.name: stranded_slices(geometry, layout, [p.name]) for p in geometry.profiles}
     usable = {

@@ -196,4 +196,3 @@ class PendingLoop:
                     log.exception("pending-workload pass failed; next pass in %.0fs", RESYNC_S)
                 last_pass = now
             self.clock.wait(self.pods.changed, MIN_INTERVAL_S)
-
