@@ -789,11 +789,11 @@ class Diagnoser:
         blocks = self._largest_blocks(resource, topology, eligible)
         if not big_enough:
             largest = max(sizes.values(), default=0)
-            what = {
+            groups = {
                 Topology.NVLINK: " in one NVLink-connected set",
                 Topology.NUMA: " on one NUMA node",
             }
-            where = what.get(topology, "") if resource == GPU_RESOURCE else ""
+            where = groups.get(topology, "") if resource == GPU_RESOURCE else ""
             return (
                 Reason.CAPACITY,
                 f"no node it may use has {need}{where} at all (the largest has {largest}); "
