@@ -254,9 +254,36 @@ class _MigGpu:
     geometry: MigGeometry
     slots: tuple[_Slot, ...]
     free_slices: int = 0  # memory slices no held instance occupies
+    shape: tuple[tuple[str, int, int], ...] = ()  # the layout, held or not
 
     def __post_init__(self) -> None:
         self.free_slices = self.geometry.memory_slices - sum(s.size for s in self.slots if s.held)
+        self.shape = tuple((s.profile, s.start, s.size) for s in self.slots)
+
+
+@dataclass(frozen=True, slots=True)
+class _MigSummary:
+    """A node's MIG capacity for the pool statistics (independent of the pending pods)."""
+
+    free: int = 0  # memory slices without an instance
+    unusable: Mapping[str, int] = field(default_factory=dict)  # profile -> slices it cannot use
+    fit: Mapping[str, int] = field(default_factory=dict)  # profile -> slices new ones could take
+
+
+def _mig_summary(gpus: Sequence[_MigGpu]) -> _MigSummary:
+    free = 0
+    unusable: dict[str, int] = {}
+    fit: dict[str, int] = {}
+    for g in gpus:
+        measured = _MEASURES.get(g.geometry, g.shape)
+        if measured is None:
+            measured = _MEASURES.put(g.geometry, g.shape, _slice_measures(g.geometry, g.shape))
+        per, fits_ = measured
+        free += g.geometry.memory_slices - sum(s.size for s in g.slots)
+        for profile, n in per.items():
+            unusable[profile] = unusable.get(profile, 0) + n
+            fit[profile] = fit.get(profile, 0) + fits_[profile]
+    return _MigSummary(free, unusable, fit)
 
 
 class _ByGeometry(Generic[_T]):
@@ -293,6 +320,7 @@ class _Node:
     groups: dict[Topology, list[int]]  # free whole GPUs per NVLink island / NUMA node
     holders: dict[int, str]  # whole GPU index -> pod, when the agent knows (pod-resources)
     group_of: dict[Topology, dict[int, int]]  # GPU index -> group id
+    summary: _MigSummary
 
 
 def _whole_gpus(node: NodeInfo, used: int) -> tuple[dict[Topology, list[int]], dict[int, str]]:
@@ -359,7 +387,7 @@ def _prepare(view: ClusterView) -> dict[str, _Node]:
     used: dict[str, dict[str, int]] = {}
     users: dict[str, dict[str, list[tuple[str, int]]]] = {}
     for pod in view.pods:
-        if not pod.holds_resources or not pod.requests:
+        if not pod.requests or not pod.holds_resources:  # most pods request no GPU
             continue
         assert pod.node_name is not None
         node_used = used.setdefault(pod.node_name, {})
@@ -371,13 +399,19 @@ def _prepare(view: ClusterView) -> dict[str, _Node]:
     for info in view.nodes:
         u = used.get(info.name, {})
         free = {r: n - u.get(r, 0) for r, n in info.allocatable.items()}
-        mig, groups, holders, group_of = _placement(info, u)
-        out[info.name] = _Node(info, free, users.get(info.name, {}), mig, groups, holders, group_of)
+        mig, groups, holders, group_of, summary = _placement(info, u)
+        out[info.name] = _Node(
+            info, free, users.get(info.name, {}), mig, groups, holders, group_of, summary
+        )
     return out
 
 
 _Placement = tuple[
-    list[_MigGpu], dict[Topology, list[int]], dict[int, str], dict[Topology, dict[int, int]]
+    list[_MigGpu],
+    dict[Topology, list[int]],
+    dict[int, str],
+    dict[Topology, dict[int, int]],
+    _MigSummary,
 ]
 # Node -> its placement facts, while neither the node object nor its pods' requests change: the
 # service keeps one parsed object per node version, so most nodes hit from pass to pass. The
@@ -398,7 +432,8 @@ def _placement(info: NodeInfo, used: Mapping[str, int]) -> _Placement:
         group_of[Topology.NUMA] = {
             g.index: g.numa if g.numa is not None else 0 for g in info.published.gpus
         }
-    found = (_mig_gpus(info, used), groups, holders, group_of)
+    mig = _mig_gpus(info, used)
+    found = (mig, groups, holders, group_of, _mig_summary(mig))
     if len(_PLACEMENTS) >= _PLACEMENTS_LIMIT:
         _PLACEMENTS.clear()
     _PLACEMENTS[key] = (info, found)
@@ -598,13 +633,17 @@ class Diagnoser:
         self._classes: dict[tuple[Any, ...], tuple[list[tuple[int, str]], str]] = {}
         self._memo: dict[tuple[Any, ...], tuple[Reason, str, Unblock | None]] = {}
         self._all_tiers: set[str] | None = None
+        self._sigs: list[tuple[Any, ...]] | None = None
+        self._pending: list[PodInfo] | None = None
 
     # pods
 
     def pending(self) -> list[PodInfo]:
         """The pods this pass diagnoses, sorted by namespace and name."""
-        out = [p for p in self.view.pods if self._is_pending(p)]
-        return sorted(out, key=lambda p: (p.namespace, p.name))
+        if self._pending is None:
+            out = [p for p in self.view.pods if self._is_pending(p)]
+            self._pending = sorted(out, key=lambda p: (p.namespace, p.name))
+        return list(self._pending)
 
     def _is_pending(self, pod: PodInfo) -> bool:
         if pod.node_name or pod.deleting or pod.phase != "Pending" or not pod.requests:
@@ -639,17 +678,51 @@ class Diagnoser:
             return Reason.OTHER, f"waits for its scheduling gates: {', '.join(pod.gates)}"
         return None
 
+    def _signatures(self) -> list[tuple[Any, ...]]:
+        """Per node (in order), all a node's class depends on for the pending pods: the labels
+        their selectors and affinities name, taints, cordon, drain, and the name if a pod
+        selects by it. Nodes alike answer alike, so each pod class is computed once per kind."""
+        if self._sigs is None:
+            keys: set[str] = set()
+            by_name = False
+            for pod in self.pending():
+                keys.update(pod.node_selector)
+                for term in pod.affinity:
+                    keys.update(r.key for r in term.expressions)
+                    by_name = by_name or bool(term.fields)
+            ordered = sorted(keys)
+            self._sigs = [
+                (
+                    tuple(info.labels.get(k) for k in ordered),
+                    info.taints,
+                    info.unschedulable,
+                    info.draining,
+                    info.name if by_name else "",
+                )
+                for info in (self.nodes[name].info for name in self.order)
+            ]
+        return self._sigs
+
     def _node_classes(self, pod: PodInfo) -> tuple[list[tuple[int, str]], str]:
         """How every node stands for the pod, and the pod's tier (shared by equal pods)."""
         key = (tuple(sorted(pod.node_selector.items())), pod.affinity, pod.tolerations)
         if self.reuse and key in self._classes:
             return self._classes[key]
         nodes = self.nodes
-        classes = [node_class(pod, nodes[name].info, self.settings) for name in self.order]
-        found = (classes, self._pod_tier(pod, classes))
         if self.reuse:
-            self._classes[key] = found
-        return found
+            seen: dict[tuple[Any, ...], tuple[int, str]] = {}
+            classes = []
+            for name, sig in zip(self.order, self._signatures(), strict=True):
+                cls = seen.get(sig)
+                if cls is None:
+                    cls = seen[sig] = node_class(pod, nodes[name].info, self.settings)
+                classes.append(cls)
+        else:
+            classes = [node_class(pod, nodes[name].info, self.settings) for name in self.order]
+        result = (classes, self._pod_tier(pod, classes))
+        if self.reuse:
+            self._classes[key] = result
+        return result
 
     def _pod_tier(self, pod: PodInfo, classes: Sequence[tuple[int, str]]) -> str:
         pinned = _pinned_tier(pod)
@@ -1090,20 +1163,17 @@ class Diagnoser:
                 stranded_gpus = f - (f // smallest[tier]) * smallest[tier]
                 unusable[tier] = unusable.get(tier, 0) + stranded_gpus
             stranded = 0
-            for g in node.mig:
-                shape = tuple((s.profile, s.start, s.size) for s in g.slots)
-                measured = _MEASURES.get(g.geometry, shape)
-                if measured is None:
-                    measured = _MEASURES.put(g.geometry, shape, _slice_measures(g.geometry, shape))
-                per, fits_ = measured
-                free_here = g.geometry.memory_slices - sum(s.size for s in g.slots)
-                mig_free[tier] = mig_free.get(tier, 0) + free_here
-                for profile, n in per.items():
+            summary = node.summary
+            if node.mig:
+                mig_free[tier] = mig_free.get(tier, 0) + summary.free
+                for profile, n in summary.unusable.items():
                     slices[(tier, profile)] = slices.get((tier, profile), 0) + n
-                    fit[(tier, profile)] = fit.get((tier, profile), 0) + fits_[profile]
-                wanted = profiles.get(tier)
-                if wanted:
-                    stranded += _stranded_for(g.geometry, shape, tuple(sorted(wanted)))
+                    fit[(tier, profile)] = fit.get((tier, profile), 0) + summary.fit[profile]
+            wanted = profiles.get(tier)
+            if wanted:
+                ordered = tuple(sorted(wanted))
+                for g in node.mig:
+                    stranded += _stranded_for(g.geometry, g.shape, ordered)
             if stranded_gpus or stranded:
                 by_node[name] = (stranded_gpus, stranded)
         for tier in free:
