@@ -39,6 +39,7 @@ import psutil
 
 from nodeagent import labels as lbl
 from nodeagent.agent.backend import open_node
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, decode, encode
 from nodeagent_tiering.pending import Diagnoser, Settings
@@ -226,7 +227,7 @@ def main() -> None:
     view = build(args.nodes, args.pods, args.pending, args.seed)
     print(f"  build the view (generated)                          {time.perf_counter() - t:7.2f} s")
     settings = Settings()
-    first = Diagnoser(view, settings).run()
+    first = Diagnoser(view, settings, plan_for_diagnosis).run()
     reasons: dict[str, int] = {}
     for d in first.diagnoses:
         reasons[d.reason.value] = reasons.get(d.reason.value, 0) + 1
@@ -234,7 +235,7 @@ def main() -> None:
     cpu = []
     for _ in range(args.passes):
         t, c = time.perf_counter(), time.process_time()
-        result = Diagnoser(view, settings).run()
+        result = Diagnoser(view, settings, plan_for_diagnosis).run()
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     assert len(result.diagnoses) == args.pending
@@ -248,7 +249,7 @@ def main() -> None:
     print(f"  load average while measuring                        {psutil.getloadavg()[0]:7.2f}")
     print(f"  RSS after the passes                                {rss:7.0f} MB  < 400 MB")
     print(f"  reasons: {', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}")
-    naive = Diagnoser(view, settings, reuse=False)
+    naive = Diagnoser(view, settings, plan_for_diagnosis, reuse=False)
     sample = naive.pending()[:: args.naive_every]
     t = time.perf_counter()
     slow = [naive.diagnose(p) for p in sample]

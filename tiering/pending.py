@@ -18,8 +18,9 @@ primary reason, tried in this order:
 5. ``contiguity-mig``: some GPU it may use has enough memory slices that no running workload
    holds, but no free instance of the profile: the layout lacks it, or the free slices sit where
    the profile cannot be placed. Unblock: the GPU (and layout) where the MIG planner
-   (:func:`nodeagent_mig.planner.plan_gpu`, the one ``mig apply`` runs) admits it by destroying
-   the fewest idle instances, never one that is busy or allocated.
+   (``nodeagent_mig.planner.plan_gpu``, the one ``mig apply`` runs, handed to the pass as a
+   :class:`MigPlanner` by the composition layer: features do not import each other) admits it
+   by destroying the fewest idle instances, never one that is busy or allocated.
 6. ``capacity``: none of the above: the nodes it may use lack the units at all.
 
 Fits are judged the way kube-scheduler judges extended resources (node allocatable minus the
@@ -36,12 +37,11 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from nodeagent import labels as lbl
 from nodeagent.capacity import creatable, stranded_slices
 from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
-from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 from nodeagent_tiering.policy import Operator, TierPolicy
 from nodeagent_tiering.view import (
     GPU_RESOURCE,
@@ -552,47 +552,79 @@ def primary_request(request: Mapping[str, int]) -> tuple[str, int]:
 # --- the MIG planner, asked what one more instance would cost -------------------------------------
 
 
-def _slot(i: Instance | MigSlot) -> MigSlot:
-    return MigSlot(i.profile, i.placement)
+@dataclass(frozen=True, slots=True)
+class MigPlan:
+    """One GPU's plan as the diagnosis needs it (from the MIG planner's ``GpuPlan``)."""
+
+    destroy: tuple[MigSlot, ...]
+    create: tuple[MigSlot, ...]
+    layout: tuple[MigSlot, ...]  # every instance afterwards, by start slice
+    capacity: tuple[int, ...]  # creatable counts afterwards, largest profile first
 
 
-_GAINS: _ByGeometry[tuple[GpuPlan | None, ...]] = _ByGeometry()
+class MigPlanner(Protocol):
+    """The MIG planner: ``current`` (slot, busy) to exactly ``desired`` profile counts.
+
+    ``None`` when no plan exists or every plan destroys a busy instance. The service, the CLI
+    and the tests pass :func:`nodeagent.agent.mig_planning.plan_for_diagnosis`, which runs the
+    planner ``mig apply`` runs.
+    """
+
+    def __call__(
+        self,
+        geometry: MigGeometry,
+        current: Sequence[tuple[MigSlot, bool]],
+        desired: Mapping[str, int],
+    ) -> MigPlan | None:
+        """Plan one GPU."""
+        ...
+
+
+_GAINS: _ByGeometry[tuple[MigPlan | None, ...]] = _ByGeometry()
 _MEASURES: _ByGeometry[tuple[dict[str, int], dict[str, int]]] = _ByGeometry()
 
 
 def gains(
-    geometry: MigGeometry, slots: tuple[_Slot, ...], profile: str, most: int
-) -> tuple[GpuPlan | None, ...]:
+    planner: MigPlanner,
+    geometry: MigGeometry,
+    slots: tuple[_Slot, ...],
+    profile: str,
+    most: int,
+) -> tuple[MigPlan | None, ...]:
     """Per ``j`` in 1..``most``: the plan with the fewest destroyed instances that leaves ``j``
     more free ``profile`` instances on the GPU, keeping every held one (``None``: no such plan).
 
     Candidates are the current profile counts, minus some idle instances of other profiles,
-    plus ``j`` of ``profile``; :func:`plan_gpu` (minimal disruption, held instances passed as
-    busy) plans each, and the one destroying the fewest wins, then the one that leaves the most
+    plus ``j`` of ``profile``; the planner (minimal disruption, held instances passed as busy)
+    plans each, and the one destroying the fewest wins, then the one that leaves the most
     future capacity. An optimal plan never needs to recreate another profile, so the candidates
     cover every optimum; the search stops once removing more cannot destroy fewer. Cached: a
     pool has few distinct layouts, and the answer depends on nothing else.
     """
-    key = (slots, profile, most)
+    key = (id(planner), slots, profile, most)
     found = _GAINS.get(geometry, key)
     if found is None:
-        found = _GAINS.put(geometry, key, _gains(geometry, slots, profile, most))
+        found = _GAINS.put(geometry, key, _gains(planner, geometry, slots, profile, most))
     return found
 
 
 def _gains(
-    geometry: MigGeometry, slots: tuple[_Slot, ...], profile: str, most: int
-) -> tuple[GpuPlan | None, ...]:
+    planner: MigPlanner,
+    geometry: MigGeometry,
+    slots: tuple[_Slot, ...],
+    profile: str,
+    most: int,
+) -> tuple[MigPlan | None, ...]:
     if geometry.profile(profile) is None:
         return (None,) * most
-    current = [Instance(s.profile, Placement(s.start, s.size), busy=s.held) for s in slots]
+    current = [(MigSlot(s.profile, Placement(s.start, s.size)), s.held) for s in slots]
     counts = Counter(s.profile for s in slots)
     idle = Counter(s.profile for s in slots if not s.held and s.profile != profile)
     names = sorted(idle)
     removals = sorted(itertools.product(*(range(idle[n] + 1) for n in names)), key=sum)
-    out: list[GpuPlan | None] = []
+    out: list[MigPlan | None] = []
     for j in range(1, most + 1):
-        best: GpuPlan | None = None
+        best: MigPlan | None = None
         best_key: tuple[int, tuple[int, ...]] | None = None
         for removal in removals:
             if best is not None and sum(removal) > len(best.destroy):
@@ -601,11 +633,10 @@ def _gains(
             for name, k in zip(names, removal, strict=True):
                 desired[name] -= k
             desired[profile] = counts.get(profile, 0) + j
-            try:
-                plan = plan_gpu(geometry, current, desired)
-            except PlanError:
+            plan = planner(geometry, current, desired)
+            if plan is None:
                 continue
-            key = (len(plan.destroy), tuple(-v for v in plan.creatable_after.values()))
+            key = (len(plan.destroy), tuple(-v for v in plan.capacity))
             if best_key is None or key < best_key:
                 best, best_key = plan, key
         out.append(best)
@@ -620,9 +651,17 @@ class Diagnoser:
     nothing shared between pods but the planner's per-layout answers), kept for the
     benchmark's comparison."""
 
-    def __init__(self, view: ClusterView, settings: Settings, *, reuse: bool = True) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        settings: Settings,
+        planner: MigPlanner,
+        *,
+        reuse: bool = True,
+    ) -> None:
         self.view = view
         self.settings = settings
+        self.planner = planner
         self.reuse = reuse
         self.nodes = _prepare(view)
         self.order = sorted(self.nodes)
@@ -1029,7 +1068,7 @@ class Diagnoser:
                 f"has that many that no workload holds (at most {most_free} on one GPU)",
                 None,
             )
-        best: tuple[tuple[int, int, str], _Node, list[tuple[_MigGpu, GpuPlan]]] | None = None
+        best: tuple[tuple[int, int, str], _Node, list[tuple[_MigGpu, MigPlan]]] | None = None
         for node in roomy:
             found = self._mig_node_plan(node, profile, units - max(0, node.free.get(resource, 0)))
             if found is None:
@@ -1051,9 +1090,9 @@ class Diagnoser:
         changes = tuple(
             GpuChange(
                 g.index,
-                tuple(_slot(i) for i in plan.destroy),
-                tuple(plan.create),
-                plan.layout_after(),
+                plan.destroy,
+                plan.create,
+                plan.layout,
             )
             for g, plan in plans
         )
@@ -1087,12 +1126,12 @@ class Diagnoser:
 
     def _mig_node_plan(
         self, node: _Node, profile: str, missing: int
-    ) -> tuple[int, list[tuple[_MigGpu, GpuPlan]]] | None:
+    ) -> tuple[int, list[tuple[_MigGpu, MigPlan]]] | None:
         """The fewest destroyed instances over the node's GPUs that gain ``missing`` free
         ``profile`` instances (a small knapsack over each GPU's options)."""
         if missing <= 0:
             return 0, []
-        best: dict[int, tuple[int, list[tuple[_MigGpu, GpuPlan]]]] = {0: (0, [])}
+        best: dict[int, tuple[int, list[tuple[_MigGpu, MigPlan]]]] = {0: (0, [])}
         for g in node.mig:
             options = self._gpu_gains(g, profile, missing)
             step = dict(best)
@@ -1108,8 +1147,8 @@ class Diagnoser:
             best = step
         return best.get(missing)
 
-    def _gpu_gains(self, g: _MigGpu, profile: str, most: int) -> tuple[GpuPlan | None, ...]:
-        return gains(g.geometry, g.slots, profile, most)
+    def _gpu_gains(self, g: _MigGpu, profile: str, most: int) -> tuple[MigPlan | None, ...]:
+        return gains(self.planner, g.geometry, g.slots, profile, most)
 
     # the pool
 
@@ -1226,6 +1265,8 @@ def _slice_measures(
     return unusable, usable
 
 
-def diagnose(view: ClusterView, settings: Settings | None = None) -> PassResult:
+def diagnose(
+    view: ClusterView, planner: MigPlanner, settings: Settings | None = None
+) -> PassResult:
     """One diagnosis pass over ``view`` (see the module docstring)."""
-    return Diagnoser(view, settings or Settings()).run()
+    return Diagnoser(view, settings or Settings(), planner).run()

@@ -24,6 +24,7 @@ from nodeagent_tiering.metrics import PendingMetrics
 from nodeagent_tiering.pending import (
     EVENT_REASONS,
     Diagnoser,
+    MigPlanner,
     PassResult,
     Settings,
 )
@@ -53,6 +54,7 @@ class PendingLoop:
         nodes: NodeCache,
         settings: Settings,
         metrics: PendingMetrics,
+        planner: MigPlanner,
         *,
         clock: Clock,
         namespace: str,
@@ -64,6 +66,7 @@ class PendingLoop:
         self.nodes = nodes
         self.settings = settings
         self.metrics = metrics
+        self.planner = planner
         self.clock = clock
         self.may_act = may_act
         self.dry_run = dry_run
@@ -141,7 +144,7 @@ class PendingLoop:
         acting = self._lead()
         view = self.view()
         started = time.perf_counter()
-        result = Diagnoser(view, self.settings).run()
+        result = Diagnoser(view, self.settings, self.planner).run()
         self.metrics.duration.observe(time.perf_counter() - started)
         now = self.clock()
         if acting:

@@ -17,7 +17,7 @@ from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache
 from nodeagent_tiering.leader import LeaderElector
-from nodeagent_tiering.pending import settings_for
+from nodeagent_tiering.pending import MigPlanner, settings_for
 from nodeagent_tiering.pending_loop import PendingLoop
 from nodeagent_tiering.planner import Plan
 from nodeagent_tiering.policy import TierPolicy
@@ -47,8 +47,13 @@ def build(
     identity: str,
     dry_run: bool,
     clock: Clock | None = None,
+    planner: MigPlanner,
 ) -> Service:
-    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient)."""
+    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient).
+
+    ``planner`` is the MIG planner the pending-workload diagnosis asks what a layout change
+    would take (the composition layer passes ``mig apply``'s).
+    """
     clock = clock or SystemClock()
     kube = Kube(api, event_namespace=namespace)
     cache = NodeCache(kube)
@@ -63,6 +68,7 @@ def build(
         cache,
         settings_for(policy),
         controller.metrics.pending,
+        planner,
         clock=clock,
         namespace=namespace,
         identity=identity,

@@ -15,7 +15,7 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
-from nodeagent_tiering.pending import Diagnoser, PassResult, settings_for
+from nodeagent_tiering.pending import Diagnoser, MigPlanner, PassResult, settings_for
 from nodeagent_tiering.planner import BreakerState, Release, SetTier, StartDrain, plan
 from nodeagent_tiering.policy import TierPolicy
 from nodeagent_tiering.view import view_from_objects
@@ -89,6 +89,7 @@ def simulate(
     pods: Sequence[Mapping[str, Any]],
     workloads: Sequence[Mapping[str, Any]] | None,
     policy: TierPolicy | None,
+    planner: MigPlanner,
     *,
     now_s: float,
 ) -> Simulation:
@@ -98,5 +99,5 @@ def simulate(
     if policy is not None:
         actions, objects = _apply(objects, policy, now_s)
     view = view_from_objects(objects, pods, workloads)
-    result = Diagnoser(view, settings_for(policy, assume_unschedulable=True)).run()
+    result = Diagnoser(view, settings_for(policy, assume_unschedulable=True), planner).run()
     return Simulation(actions, result, tuple(objects))

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.cli.common import EXIT_OK, JsonOption, emit_json, fail, print_table
 from nodeagent.config.loader import ConfigError
 
@@ -152,6 +153,7 @@ def run_command(
         lease_name=lease_name,
         identity=identity or socket.gethostname(),
         dry_run=dry_run,
+        planner=plan_for_diagnosis,
     )
     if once:
         try:
@@ -319,7 +321,7 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
             kube.list_pods().get("items") or [],
             None if workloads is None else workloads.get("items") or [],
         )
-        current = Diagnoser(view, settings_for(policy)).run()
+        current = Diagnoser(view, settings_for(policy), plan_for_diagnosis).run()
     except KubeError as exc:
         notes.append(f"live pass unavailable: {exc}")
     section = fragmentation_section(history, now_s=now, period_s=period_s, current=current)
@@ -388,7 +390,7 @@ def why_pending_command(
         fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
     if pod is not None and namespace is None:
         namespace = "default"
-    diagnoser = Diagnoser(view, settings_for(policy))
+    diagnoser = Diagnoser(view, settings_for(policy), plan_for_diagnosis)
     chosen = [
         p
         for p in diagnoser.pending()
@@ -439,7 +441,7 @@ def simulate_command(
     try:
         cluster = load_cluster(cluster_file)
     except ClusterFileError as exc:
-        fail(str(exc), "fix the cluster file (docs/tiering.md, \"Try it without a cluster\")")
+        fail(str(exc), 'fix the cluster file (docs/tiering.md, "Try it without a cluster")')
     policy = _policy(policy_file) if policy_file else None
     with tempfile.TemporaryDirectory(prefix="nodeagent-simulate-") as workdir:
         try:
@@ -451,6 +453,7 @@ def simulate_command(
             simulated.pod_objects(),
             simulated.workload_objects(),
             policy,
+            plan_for_diagnosis,
             now_s=time.time(),
         )
     if as_json:

@@ -16,8 +16,11 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent.agent.backend import open_node
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, encode
+from nodeagent_tiering.pending import PassResult, Settings
+from nodeagent_tiering.pending import diagnose as diagnose_with
 from nodeagent_tiering.view import ClusterView, view_from_objects
 
 JSON = dict[str, Any]
@@ -34,6 +37,11 @@ def geometry(preset: str, root: str = "/tmp") -> MigGeometry:
         found = node.mig_geometry(0)
     assert found is not None
     return found
+
+
+def diagnose(view: ClusterView, settings: Settings | None = None) -> PassResult:
+    """The pass with the planner ``mig apply`` uses, as the service runs it."""
+    return diagnose_with(view, plan_for_diagnosis, settings)
 
 
 def size_of(geo: MigGeometry, profile: str) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
@@ -113,7 +114,9 @@ class Replay:
         ]
         workloads = kube.list_workloads()
         items = None if workloads is None else workloads.get("items") or []
-        return Diagnoser(view_from_objects(nodes, pods, items), Settings()).run()
+        return Diagnoser(
+            view_from_objects(nodes, pods, items), Settings(), plan_for_diagnosis
+        ).run()
 
     def rename(self, text: str) -> str:
         for old, new in self.ns.items():
@@ -149,6 +152,7 @@ def test_simulate_answers_as_the_pass_over_the_control_plane(replay: Replay) -> 
         replay.simulated.pod_objects(),
         replay.simulated.workload_objects(),
         None,
+        plan_for_diagnosis,
         now_s=time.time(),
     )
     expected = json.loads(replay.rename(json.dumps(offline.result.to_json()["pending"])))
@@ -233,7 +237,8 @@ def test_quota_is_never_called_fragmentation(
             workloads = kube.list_workloads()
             assert workloads is not None, "Kueue runs in the harness"
             view = view_from_objects(nodes_, pods, workloads.get("items") or [])
-            return {d.name: d.reason for d in Diagnoser(view, Settings()).run().diagnoses}
+            found = Diagnoser(view, Settings(), plan_for_diagnosis).run()
+            return {d.name: d.reason for d in found.diagnoses}
 
         # Kueue admits one 8-GPU pod (quota 8) and holds the other; the admitted one is then
         # unschedulable for fragmentation (kueue#4329).

@@ -12,9 +12,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
-from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent.testing.waiting import wait_until
+from nodeagent_tiering.kube import Kube, KubeError, NodeCache
 from nodeagent_tiering.metrics import TieringMetrics
 from nodeagent_tiering.pending import Settings
 from nodeagent_tiering.pending_loop import PendingLoop
@@ -152,11 +154,25 @@ def test_a_leader_pass_needs_nothing_more_than_the_shipped_rbac(
     control_plane.apply(_retarget(rbac + rbac_objects(), kube_ns, suffix))
     kubeconfig = control_plane.service_account_kubeconfig(kube_ns, "nodeagent-tiering")
     kube = Kube(control_plane.api_client(kubeconfig), event_namespace=kube_ns)
+
+    def granted() -> bool:
+        # RBAC reaches the authorizer through an informer: new bindings apply a moment later.
+        try:
+            kube.list_pod_events("probe")
+            kube.get_config_map(kube_ns, "nodeagent-tiering-history")
+        except KubeError as exc:
+            if exc.status == 403:
+                return False
+            raise
+        return True
+
+    assert wait_until(granted, 30, 0.2)
     loop = PendingLoop(
         kube,
         NodeCache(kube),
         Settings(),
         TieringMetrics(CollectorRegistry()).pending,
+        plan_for_diagnosis,
         clock=FakeClock(),
         namespace=kube_ns,
         identity="replica-1",

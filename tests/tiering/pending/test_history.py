@@ -19,8 +19,7 @@ from nodeagent_tiering.history import (
     whole_template,
 )
 from nodeagent_tiering.kube import Kube
-from nodeagent_tiering.pending import diagnose
-from tests.tiering.pending.builders import Cluster
+from tests.tiering.pending.builders import Cluster, diagnose
 
 GPU = "nvidia.com/gpu"
 NOON = datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp()

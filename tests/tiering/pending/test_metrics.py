@@ -8,8 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from nodeagent_tiering.metrics import PendingMetrics
-from nodeagent_tiering.pending import diagnose
-from tests.tiering.pending.builders import Cluster
+from tests.tiering.pending.builders import Cluster, diagnose
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "tiering.md"
 GPU = "nvidia.com/gpu"

@@ -15,9 +15,16 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.gpu.types import MigGeometry
-from nodeagent_tiering.pending import Reason, Unblock, diagnose
+from nodeagent_tiering.pending import Reason, Unblock
 from nodeagent_tiering.view import resource_kind
-from tests.tiering.pending.builders import A30, H100, Cluster, geometry, mig_resource
+from tests.tiering.pending.builders import (
+    A30,
+    H100,
+    Cluster,
+    diagnose,
+    geometry,
+    mig_resource,
+)
 
 GPU = "nvidia.com/gpu"
 TAINT = {"key": "pool", "value": "reserved", "effect": "NoSchedule"}

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from nodeagent_tiering.pending import Reason, Settings, diagnose
+from nodeagent_tiering.pending import Reason, Settings
 from nodeagent_tiering.view import KUEUE_GATE
-from tests.tiering.pending.builders import A30, Cluster
+from tests.tiering.pending.builders import A30, Cluster, diagnose
 
 GPU = "nvidia.com/gpu"
 MIG_3G = "nvidia.com/mig-3g.40gb"

@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
@@ -67,6 +68,7 @@ def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[Pen
         NodeCache(kube),
         Settings(),
         metrics.pending,
+        plan_for_diagnosis,
         clock=clock,
         namespace=namespace,
         identity="replica-1",
