@@ -304,7 +304,6 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
     from nodeagent_tiering.kube import KubeError
     from nodeagent_tiering.pending import Diagnoser, settings_for
     from nodeagent_tiering.report import Section
-    from nodeagent_tiering.view import view_from_objects
 
     notes = []
     store = HistoryStore(kube, namespace)
@@ -315,13 +314,7 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
         notes.append(f"history unavailable: {exc}")
     current = None
     try:
-        workloads = kube.list_workloads()
-        view = view_from_objects(
-            kube.list_nodes().get("items") or [],
-            kube.list_pods().get("items") or [],
-            None if workloads is None else workloads.get("items") or [],
-        )
-        current = Diagnoser(view, settings_for(policy), plan_for_diagnosis).run()
+        current = Diagnoser(_live_view(kube), settings_for(policy), plan_for_diagnosis).run()
     except KubeError as exc:
         notes.append(f"live pass unavailable: {exc}")
     section = fragmentation_section(history, now_s=now, period_s=period_s, current=current)
@@ -329,6 +322,18 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
     if notes:
         data["note"] = "; ".join(notes)
     return Section("fragmentation", "Fragmentation", data, tuple(section_tables(section)))
+
+
+def _live_view(kube: Any) -> Any:
+    """Nodes, pods and (when Kueue is installed) Workloads, listed once. Raises KubeError."""
+    from nodeagent_tiering.view import view_from_objects
+
+    workloads = kube.list_workloads()
+    return view_from_objects(
+        kube.list_nodes().get("items") or [],
+        kube.list_pods().get("items") or [],
+        None if workloads is None else workloads.get("items") or [],
+    )
 
 
 PENDING_HEADERS = ["POD", "REQUEST", "REASON", "EVIDENCE", "SMALLEST UNBLOCKING CHANGE"]
@@ -373,19 +378,12 @@ def why_pending_command(
     """Why each pending GPU pod waits, and the smallest change that would unblock it."""
     from nodeagent_tiering.kube import KubeError
     from nodeagent_tiering.pending import Diagnoser, PassResult, settings_for
-    from nodeagent_tiering.view import view_from_objects
 
     policy = _policy(policy_file) if policy_file else None
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api)
     try:
-        workloads = kube.list_workloads()
-        pods = kube.list_pods().get("items") or []
-        view = view_from_objects(
-            kube.list_nodes().get("items") or [],
-            pods,
-            None if workloads is None else workloads.get("items") or [],
-        )
+        view = _live_view(kube)
     except KubeError as exc:
         fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
     if pod is not None and namespace is None:

@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
 from nodeagent.testing.kube.controlplane import ControlPlane
-from nodeagent.testing.kube.nodes import create_node, pod_manifest
-from nodeagent.testing.waiting import wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 POLICY = """\
@@ -98,31 +95,10 @@ def test_bad_cluster_files_fail_in_one_line_with_exit_2(
     assert "Traceback" not in result.output
 
 
-@pytest.fixture
-def cluster(control_plane: ControlPlane, kube_ns: str, kubelets: Any) -> Any:
-    api = control_plane.api_client()
-    core = client.CoreV1Api(api)
-    nodes = [f"cli-{kube_ns[-5:]}-{i}" for i in range(2)]
-    for node in nodes:
-        create_node(api, node, {"pool": kube_ns[-5:]}, gpus=4)
-    for i, node in enumerate(nodes):
-        core.create_namespaced_pod(kube_ns, pod_manifest(f"run-{i}", gpus=2, node_name=node))
-    core.create_namespaced_pod(
-        kube_ns, pod_manifest("wide", gpus=4, node_selector={"pool": kube_ns[-5:]})
-    )
-
-    def waiting() -> bool:
-        pod = core.read_namespaced_pod("wide", kube_ns)
-        return any(c.reason == "Unschedulable" for c in pod.status.conditions or [])
-
-    assert wait_until(waiting, 60, 0.2)
-    yield control_plane
-    for node in nodes:
-        core.delete_node(node)
-
-
-def test_why_pending_table_json_and_filters(cluster: ControlPlane, kube_ns: str) -> None:
-    access = ["--kubeconfig", str(cluster.admin.path)]
+def test_why_pending_table_json_and_filters(
+    control_plane: ControlPlane, kube_ns: str, fragmented: str
+) -> None:
+    access = ["--kubeconfig", str(control_plane.admin.path)]
     result = run("why-pending", "-n", kube_ns, "--json", *access)
     assert result.exit_code == 0, result.output
     (entry,) = json.loads(result.output)["pending"]

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
-from nodeagent.testing.kube.nodes import create_node, pod_manifest
-from nodeagent.testing.waiting import wait_until
+from nodeagent.testing.kube.nodes import pod_manifest
 from nodeagent_tiering.history import (
     CONFIG_MAP,
     DATA_KEY,
@@ -34,30 +31,6 @@ def events_on(core: client.CoreV1Api, namespace: str, pod: str) -> list[Any]:
         namespace, field_selector=f"involvedObject.name={pod},source={COMPONENT}"
     )
     return sorted(listed.items, key=lambda e: e.first_timestamp)
-
-
-@pytest.fixture
-def blocked(control_plane: ControlPlane, kube_ns: str, kubelets: Any) -> Iterator[str]:
-    """Two 4-GPU nodes with 2 GPUs used each, and a 4-GPU pod the scheduler cannot place."""
-    api = control_plane.api_client()
-    core = client.CoreV1Api(api)
-    nodes = [f"svc-{kube_ns[-5:]}-{i}" for i in range(2)]
-    for node in nodes:
-        create_node(api, node, {"pool": kube_ns[-5:]}, gpus=4)
-    for i, node in enumerate(nodes):
-        core.create_namespaced_pod(kube_ns, pod_manifest(f"run-{i}", gpus=2, node_name=node))
-    core.create_namespaced_pod(
-        kube_ns, pod_manifest("wide", gpus=4, node_selector={"pool": kube_ns[-5:]})
-    )
-
-    def waiting() -> bool:
-        pod = core.read_namespaced_pod("wide", kube_ns)
-        return any(c.reason == "Unschedulable" for c in pod.status.conditions or [])
-
-    assert wait_until(waiting, 60, 0.2)
-    yield "wide"
-    for node in nodes:
-        core.delete_node(node)
 
 
 def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[PendingLoop, Any]:
@@ -81,7 +54,7 @@ def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[Pen
 
 
 def test_events_metrics_and_history_survive_a_restart(
-    control_plane: ControlPlane, kube_ns: str, blocked: str
+    control_plane: ControlPlane, kube_ns: str, fragmented: str
 ) -> None:
     core = client.CoreV1Api(control_plane.api_client())
     clock = FakeClock()
@@ -90,11 +63,11 @@ def test_events_metrics_and_history_survive_a_restart(
     result = loop.pass_once()
     (mine,) = [d for d in result.diagnoses if d.namespace == kube_ns]
     assert mine.reason is Reason.CONTIGUITY_GPUS
-    (event,) = events_on(core, kube_ns, blocked)
+    (event,) = events_on(core, kube_ns, fragmented)
     assert (event.reason, event.type, event.count) == ("GPUFragmentation", "Warning", 1)
     assert event.message.startswith("contiguity-gpus: needs 4 nvidia.com/gpu on one node")
     assert "Smallest change that unblocks it: move" in event.message
-    assert event.involved_object.uid == core.read_namespaced_pod(blocked, kube_ns).metadata.uid
+    assert event.involved_object.uid == core.read_namespaced_pod(fragmented, kube_ns).metadata.uid
     tier = mine.tier
     sample = registry.get_sample_value
     labels = {"reason": "contiguity-gpus", "tier": tier}
@@ -103,20 +76,20 @@ def test_events_metrics_and_history_survive_a_restart(
 
     clock.advance(60)
     loop.pass_once()
-    assert [e.count for e in events_on(core, kube_ns, blocked)] == [1]  # within 10 minutes
+    assert [e.count for e in events_on(core, kube_ns, fragmented)] == [1]  # within 10 minutes
 
     # A restart: the new replica reads its Events back; nothing is repeated, the age goes on.
     clock.advance(100)
     again, registry = loop_for(control_plane, kube_ns, clock)
     again.pass_once()
-    assert [e.count for e in events_on(core, kube_ns, blocked)] == [1]
+    assert [e.count for e in events_on(core, kube_ns, fragmented)] == [1]
     longest = registry.get_sample_value("nodeagent_tiering_pending_longest_seconds", labels)
     assert longest is not None
     assert longest >= 160 - 1  # since the first Event (second resolution)
 
     clock.advance(REPEAT_S)
     again.pass_once()
-    assert [e.count for e in events_on(core, kube_ns, blocked)] == [2]  # the series, once more
+    assert [e.count for e in events_on(core, kube_ns, fragmented)] == [2]  # the series, once more
 
     # The history lives in a ConfigMap the service owns.
     stored = core.read_namespaced_config_map(CONFIG_MAP, kube_ns)
