@@ -175,28 +175,36 @@ def whole_gpu_sizes(request_sizes: Iterable[str]) -> list[int]:
     return sorted(n for n in sizes if n > 0)
 
 
-def nvlink_components(free: Sequence[int], topology: Mapping[tuple[int, int], Link]) -> list[int]:
-    """Sizes of the groups of ``free`` GPUs connected to each other by NVLink, largest first.
+def nvlink_islands(
+    gpus: Sequence[int], topology: Mapping[tuple[int, int], Link]
+) -> list[tuple[int, ...]]:
+    """The groups of ``gpus`` connected to each other by NVLink, each sorted, by lowest member.
 
     Connectivity is transitive here: on NVSwitch systems every pair is NVLinked, on bridged
     pairs (H100 NVL) each pair forms its own group.
     """
-    remaining = set(free)
-    sizes = []
+    remaining = set(gpus)
+    groups = []
     while remaining:
-        seed = remaining.pop()
+        seed = min(remaining)
+        remaining.discard(seed)
         group = {seed}
         frontier = [seed]
         while frontier:
             a = frontier.pop()
-            for b in list(remaining):
+            for b in sorted(remaining):
                 link = topology.get((a, b)) or topology.get((b, a))
                 if link is not None and link.kind is LinkKind.NVLINK:
                     remaining.discard(b)
                     group.add(b)
                     frontier.append(b)
-        sizes.append(len(group))
-    return sorted(sizes, reverse=True)
+        groups.append(tuple(sorted(group)))
+    return groups
+
+
+def nvlink_components(free: Sequence[int], topology: Mapping[tuple[int, int], Link]) -> list[int]:
+    """Sizes of the groups of ``free`` GPUs connected to each other by NVLink, largest first."""
+    return sorted((len(g) for g in nvlink_islands(free, topology)), reverse=True)
 
 
 def stranded_gpus(components: Sequence[int], request_sizes: Iterable[str]) -> int:

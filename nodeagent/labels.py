@@ -49,6 +49,14 @@ TIER = PREFIX + "tier"  # written by the tiering service, never by the agent
 FRAGMENTATION_ANNOTATION = PREFIX + "fragmentation"  # mean ratio 0..1 over MIG GPUs
 STRANDED_SLICES_ANNOTATION = PREFIX + "stranded-mig-slices"
 STRANDED_GPUS_ANNOTATION = PREFIX + "stranded-gpus"
+# Every GPU's model, health, NVLink island and MIG instances, for the tiering service's
+# pending-workload diagnosis (JSON, versioned; the codec is nodeagent.published).
+GPU_STATE_ANNOTATION = PREFIX + "gpu-state"
+
+# On a workload (pod label or annotation): the GPU topology it needs, "nvlink" (one
+# NVLink-connected set) or "numa" (one NUMA node). The tier policy's pending.topology_key
+# names the key; this is its default.
+GPU_TOPOLOGY = PREFIX + "gpu-topology"
 
 # The health reporter's annotations, condition and taint.
 STABILITY_SCORE_ANNOTATION = PREFIX + "stability-score"  # the node's stability score, 1 decimal

@@ -30,6 +30,8 @@ WATCH_RETRY_MAX_S = 30.0
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"  # served since Kueue v0.15 and its storage version since v0.16
 
 
 class KubeError(Exception):
@@ -93,6 +95,7 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.event_namespace = event_namespace
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -215,6 +218,92 @@ class Kube:
             data = self._call(self.core.list_event_for_all_namespaces, field_selector=selector)
         items: list[JSON] = data.get("items") or []
         return items
+
+    # the pending-workload diagnosis
+
+    def list_pods(self, field_selector: str | None = None) -> JSON:
+        """The PodList of every namespace (raw)."""
+        result: JSON = self._call(
+            self.core.list_pod_for_all_namespaces, field_selector=field_selector
+        )
+        return result
+
+    def watch_objects(
+        self, list_fn: Callable[..., Any], resource_version: str, timeout_s: int, **kwargs: Any
+    ) -> Iterator[JSON]:
+        """Watch events of any list call after ``resource_version`` (``type``, ``object``)."""
+        try:
+            resp: Any = list_fn(
+                **kwargs,
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+            )
+        except client.ApiException as exc:
+            raise KubeError(int(exc.status or 0), _message(exc)) from None
+        buffer = b""
+        try:
+            for chunk in resp.stream(amt=None, decode_content=False):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.release_conn()
+
+    def list_workloads(self) -> JSON | None:
+        """Kueue's WorkloadList of every namespace, or ``None`` when Kueue is not installed."""
+        try:
+            result: JSON = self._call(
+                self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def list_pod_events(self, component: str) -> list[JSON]:
+        """The Events ``component`` recorded about pods, in every namespace."""
+        selector = f"involvedObject.kind=Pod,source={component}"
+        data = self._call(self.core.list_event_for_all_namespaces, field_selector=selector)
+        items: list[JSON] = data.get("items") or []
+        return items
+
+    def create_event(self, namespace: str, body: JSON) -> JSON:
+        """Create a core/v1 Event."""
+        result: JSON = self._call(self.core.create_namespaced_event, namespace, body)
+        return result
+
+    def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge-patch an Event (its count, last timestamp and message)."""
+        result: JSON = self._call(
+            self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH
+        )
+        return result
+
+    def get_config_map(self, namespace: str, name: str) -> JSON | None:
+        """The ConfigMap, or ``None`` when it does not exist."""
+        try:
+            result: JSON = self._call(self.core.read_namespaced_config_map, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def create_config_map(self, namespace: str, body: JSON) -> JSON:
+        """Create a ConfigMap (409 when it exists)."""
+        result: JSON = self._call(self.core.create_namespaced_config_map, namespace, body)
+        return result
+
+    def replace_config_map(self, namespace: str, name: str, body: JSON) -> JSON:
+        """Replace a ConfigMap; the body's resourceVersion makes a stale write fail with 409."""
+        result: JSON = self._call(self.core.replace_namespaced_config_map, name, namespace, body)
+        return result
 
     # leases
 

@@ -211,6 +211,20 @@ class DrainPolicy(Schema):
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
+class PendingPolicy(Schema):
+    """How the pending-workload diagnosis reads workloads (optional section, added in v1)."""
+
+    # Without a topology request only the count matters, which is all kube-scheduler checks
+    # for extended resources.
+    topology_key: str = Field(
+        lbl.GPU_TOPOLOGY,
+        min_length=1,
+        max_length=253,
+        pattern=r"\S",
+        description='pod label or annotation asking for GPU topology: "nvlink" or "numa"',
+    )
+
+
 def _gpu_nodes() -> Selector:
     return Selector(match_expressions=(Requirement(key=lbl.STABILITY, operator=Operator.EXISTS),))
 
@@ -234,6 +248,7 @@ class TierPolicy(Schema):
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy)
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     drain: DrainPolicy = Field(default_factory=DrainPolicy)
+    pending: PendingPolicy = Field(default_factory=PendingPolicy)
     # The floor keeps the service's API traffic low: changes trigger a pass anyway.
     resync_s: float = Field(
         30.0, ge=1, le=3600, description="full reconcile at least this often, even without changes"
@@ -280,6 +295,7 @@ __all__ = [
     "ConfigError",
     "DrainPolicy",
     "Operator",
+    "PendingPolicy",
     "Requirement",
     "Selector",
     "Stability",

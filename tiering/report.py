@@ -62,6 +62,20 @@ class TierReview:
     drain_causes: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Section:
+    """An extra part of the review (fragmentation, quota...): its JSON and its tables.
+
+    Sections are built by their own modules and appended to :attr:`Review.sections`; the table,
+    the JSON and the HTML page each show every section after the per-tier review.
+    """
+
+    key: str  # the JSON key
+    title: str
+    data: Any  # plain data for --json
+    tables: tuple[tuple[str, list[str], list[list[str]]], ...] = ()  # (title, headers, rows)
+
+
 @dataclass
 class Review:
     """The whole review."""
@@ -69,14 +83,18 @@ class Review:
     period_s: float
     source: str  # "prometheus" or "annotations"
     tiers: list[TierReview]
+    sections: list[Section] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
-        return {
+        out = {
             "period_seconds": self.period_s,
             "capacity_source": self.source,
             "tiers": [asdict(t) for t in self.tiers],
         }
+        for section in self.sections:
+            out[section.key] = section.data
+        return out
 
 
 def query_prometheus(
@@ -356,5 +374,22 @@ stranded capacity from {html.escape(review.source)}.</p>
 {_simple_bars("drain causes", {k: float(v) for k, v in causes.most_common(8)})}
 <h2>Details</h2>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{"".join(_section_html(s) for s in review.sections)}
 </body></html>
 """
+
+
+def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _section_html(section: Section) -> str:
+    parts = [f"<h2>{html.escape(section.title)}</h2>"]
+    for title, headers, rows in section.tables:
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+        parts.append(_table_html(headers, rows) if rows else "<p>none</p>")
+    return "\n".join(parts)

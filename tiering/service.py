@@ -17,6 +17,8 @@ from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache
 from nodeagent_tiering.leader import LeaderElector
+from nodeagent_tiering.pending import MigPlanner, settings_for
+from nodeagent_tiering.pending_loop import PendingLoop
 from nodeagent_tiering.planner import Plan
 from nodeagent_tiering.policy import TierPolicy
 
@@ -33,6 +35,7 @@ class Service:
     cache: NodeCache
     controller: Controller
     elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
+    pending: PendingLoop  # why GPU workloads are pending (advisory: Events, metrics, history)
 
 
 def build(
@@ -44,8 +47,13 @@ def build(
     identity: str,
     dry_run: bool,
     clock: Clock | None = None,
+    planner: MigPlanner,
 ) -> Service:
-    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient)."""
+    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient).
+
+    ``planner`` is the MIG planner the pending-workload diagnosis asks what a layout change
+    would take (the composition layer passes ``mig apply``'s).
+    """
     clock = clock or SystemClock()
     kube = Kube(api, event_namespace=namespace)
     cache = NodeCache(kube)
@@ -55,7 +63,19 @@ def build(
             kube, namespace=namespace, name=lease_name, identity=identity, clock=clock
         )
     controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
-    return Service(kube, cache, controller, elector)
+    pending = PendingLoop(
+        kube,
+        cache,
+        settings_for(policy),
+        controller.metrics.pending,
+        planner,
+        clock=clock,
+        namespace=namespace,
+        identity=identity,
+        may_act=controller.may_act,
+        dry_run=dry_run,
+    )
+    return Service(kube, cache, controller, elector, pending)
 
 
 def run_once(service: Service) -> Plan:
@@ -83,4 +103,9 @@ def serve(service: Service, metrics_host: str | None, metrics_port: int | None) 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    diagnosis = threading.Thread(
+        target=service.pending.run, args=(stop,), name="tiering-pending", daemon=True
+    )
+    diagnosis.start()
     service.controller.run(stop)
+    diagnosis.join(timeout=5)

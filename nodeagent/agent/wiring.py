@@ -10,8 +10,8 @@ callable; nothing is filled in after construction. The build order follows the d
    health source;
 4. the device plugin, which publishes what it advertises;
 5. the exporter, which reads health and the advertised devices, and computes capacity;
-6. the health component around the model: its reporter publishes the capability labels and the
-   exporter's capacity annotations on the node.
+6. the health component around the model: its reporter publishes the capability labels, the
+   exporter's capacity annotations and the GPU-state annotation on the node.
 
 Components start in the order the supervisor lists them (sampler, MIG reconciler, health,
 device plugin, metrics). A feature turned off in the config is absent.
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import AgentConfig
@@ -73,13 +74,17 @@ def build(
     )
     health_component = None
     if model is not None:
+        poller = exporter.poller if exporter is not None else None
+        gpu_state = GpuStateAnnotation(
+            feed, model, (lambda: poller.latest) if poller is not None else None
+        )
+
+        def annotations() -> Mapping[str, str]:
+            capacity = exporter.capacity_annotations() if exporter is not None else {}
+            return {**capacity, **gpu_state()}
+
         health_component = health.build(
-            config,
-            model,
-            node,
-            feed,
-            labels=labels,
-            annotations=exporter.capacity_annotations if exporter is not None else None,
+            config, model, node, feed, labels=labels, annotations=annotations
         )
     components: tuple[Component, ...] = tuple(
         c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None

@@ -2,7 +2,9 @@
 
 - ``run``: assign tiers and drain unstable nodes (leader-elected; ``--dry-run`` changes nothing);
 - ``report``: the pool review as a table, ``--json`` or a self-contained ``--html`` page;
-- ``reset-breaker``: close the circuit breaker after an operator has looked at the cause.
+- ``reset-breaker``: close the circuit breaker after an operator has looked at the cause;
+- ``why-pending``: why each pending GPU pod waits, and the smallest change that unblocks it;
+- ``simulate``: one pass of the service over a cluster file, without any cluster.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import Annotated, Any
 
 import typer
 
+from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.cli.common import EXIT_OK, JsonOption, emit_json, fail, fail_config, print_table
 from nodeagent.config.errors import ConfigError
 
 app = typer.Typer(
     name="tiering",
-    help="Node tiers from capabilities and health; safe drains of unstable nodes; pool review.",
+    help="Node tiers from capabilities and health; safe drains of unstable nodes; why GPU "
+    "workloads are pending; pool review.",
     no_args_is_help=True,
 )
 
@@ -149,6 +153,7 @@ def run_command(
         lease_name=lease_name,
         identity=identity or socket.gethostname(),
         dry_run=dry_run,
+        planner=plan_for_diagnosis,
     )
     if once:
         try:
@@ -209,6 +214,7 @@ def report_command(
     kubeconfig: KubeconfigOption = None,
     server: ServerOption = None,
     in_cluster: InClusterOption = False,
+    namespace: NamespaceOption = "nodeagent",
 ) -> None:
     """The pool review per tier: health, drift, MIG layouts, fragmentation, drains."""
     from nodeagent_tiering.kube import KubeError
@@ -233,14 +239,16 @@ def report_command(
         fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
     except ReportError as exc:
         fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
+    now = time.time()
     review = build_review(
         nodes,
         events,
         policy=policy,
-        now_s=time.time(),
+        now_s=now,
         period_s=period_days * 86400,
         prometheus=values,
     )
+    review.sections.append(_fragmentation(kube, namespace, policy, now, period_days * 86400))
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:
@@ -251,6 +259,13 @@ def report_command(
         emit_json(review.to_json())
     else:
         print_table(TABLE_HEADERS, table_rows(review))
+        for section in review.sections:
+            for title, headers, rows in section.tables:
+                sys.stdout.write(f"\n{title}\n")
+                if rows:
+                    print_table(headers, rows)
+                else:
+                    sys.stdout.write("(none)\n")
 
 
 @app.command("reset-breaker")
@@ -276,3 +291,177 @@ def reset_breaker_command(
             "is the service running? check --namespace and --lease-name",
         )
     sys.stdout.write("circuit breaker closed\n")
+
+
+def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s: float) -> Any:
+    """The review's fragmentation section: the service's history plus a live pass."""
+    from nodeagent_tiering.history import (
+        History,
+        HistoryStore,
+        fragmentation_section,
+        section_tables,
+    )
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.pending import Diagnoser, settings_for
+    from nodeagent_tiering.report import Section
+
+    notes = []
+    store = HistoryStore(kube, namespace)
+    try:
+        history = store.load()
+    except KubeError as exc:
+        history = History()
+        notes.append(f"history unavailable: {exc}")
+    current = None
+    try:
+        current = Diagnoser(_live_view(kube), settings_for(policy), plan_for_diagnosis).run()
+    except KubeError as exc:
+        notes.append(f"live pass unavailable: {exc}")
+    section = fragmentation_section(history, now_s=now, period_s=period_s, current=current)
+    data = {**section.to_json(), "source": f"ConfigMap {namespace}/{store.name}, live pass"}
+    if notes:
+        data["note"] = "; ".join(notes)
+    return Section("fragmentation", "Fragmentation", data, tuple(section_tables(section)))
+
+
+def _live_view(kube: Any) -> Any:
+    """Nodes, pods and (when Kueue is installed) Workloads, listed once. Raises KubeError."""
+    from nodeagent_tiering.view import view_from_objects
+
+    workloads = kube.list_workloads()
+    return view_from_objects(
+        kube.list_nodes().get("items") or [],
+        kube.list_pods().get("items") or [],
+        None if workloads is None else workloads.get("items") or [],
+    )
+
+
+PENDING_HEADERS = ["POD", "REQUEST", "REASON", "EVIDENCE", "SMALLEST UNBLOCKING CHANGE"]
+
+
+def _pending_rows(result: Any) -> list[list[str]]:
+    return [
+        [
+            d.pod,
+            ", ".join(f"{n} {r}" for r, n in sorted(d.request.items())),
+            d.reason.value,
+            d.evidence,
+            d.unblock.text if d.unblock is not None else "-",
+        ]
+        for d in result.diagnoses
+    ]
+
+
+@app.command("why-pending")
+def why_pending_command(
+    pod: Annotated[
+        str | None, typer.Argument(help="One pod (in --namespace, default `default`).")
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", "-n", help="Only pods of this namespace.", show_default=False),
+    ] = None,
+    policy_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--policy",
+            envvar="NODEAGENT_TIERING_POLICY",
+            help="Tier policy (its drain taint and pending.topology_key).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    in_cluster: InClusterOption = False,
+) -> None:
+    """Why each pending GPU pod waits, and the smallest change that would unblock it."""
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.pending import Diagnoser, PassResult, settings_for
+
+    policy = _policy(policy_file) if policy_file else None
+    api, kube_cls = _client(server, kubeconfig, in_cluster)
+    kube = kube_cls(api)
+    try:
+        view = _live_view(kube)
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+    if pod is not None and namespace is None:
+        namespace = "default"
+    diagnoser = Diagnoser(view, settings_for(policy), plan_for_diagnosis)
+    chosen = [
+        p
+        for p in diagnoser.pending()
+        if (namespace is None or p.namespace == namespace) and (pod is None or p.name == pod)
+    ]
+    result = PassResult(tuple(diagnoser.diagnose(p) for p in chosen), diagnoser.stats(()))
+    if pod is not None and not chosen:
+        found = next((p for p in view.pods if (p.namespace, p.name) == (namespace, pod)), None)
+        if found is None:
+            fail(f"no pod {namespace}/{pod}", "check the name and -n NAMESPACE")
+        if not as_json:
+            where = f" on node {found.node_name}" if found.node_name else ""
+            what = "requests no GPU" if not found.requests else f"is {found.phase}{where}"
+            sys.stdout.write(f"{namespace}/{pod} is not a pending GPU pod: it {what}\n")
+            raise typer.Exit(EXIT_OK)
+    if as_json:
+        emit_json(result.to_json())
+    elif result.diagnoses:
+        print_table(PENDING_HEADERS, _pending_rows(result))
+    else:
+        sys.stdout.write("no pending GPU pods\n")
+
+
+@app.command("simulate")
+def simulate_command(
+    cluster_file: Annotated[
+        Path,
+        typer.Option("--cluster", help="Cluster file (version: v1; see docs/tiering.md)."),
+    ],
+    policy_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--policy",
+            envvar="NODEAGENT_TIERING_POLICY",
+            help="Tier policy: plan tiers and drains first, as the service would.",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One pass of the service over a simulated cluster: what it would do, why pods wait."""
+    import tempfile
+
+    from nodeagent.agent.simulated import SimulatedCluster, SimulationError
+    from nodeagent_tiering.clusterfile import ClusterFileError, load_cluster
+    from nodeagent_tiering.simulate import simulate
+
+    try:
+        cluster = load_cluster(cluster_file)
+    except ClusterFileError as exc:
+        fail(str(exc), 'fix the cluster file (docs/tiering.md, "Try it without a cluster")')
+    policy = _policy(policy_file) if policy_file else None
+    with tempfile.TemporaryDirectory(prefix="nodeagent-simulate-") as workdir:
+        try:
+            simulated = SimulatedCluster(cluster, cluster_file.parent, Path(workdir))
+        except SimulationError as exc:
+            fail(f"{cluster_file}: {exc}", "fix the cluster file (docs/tiering.md)")
+        outcome = simulate(
+            simulated.node_objects(),
+            simulated.pod_objects(),
+            simulated.workload_objects(),
+            policy,
+            plan_for_diagnosis,
+            now_s=time.time(),
+        )
+    if as_json:
+        emit_json(outcome.to_json())
+        return
+    for line in outcome.actions:
+        sys.stdout.write(f"would {line}\n")
+    if outcome.actions:
+        sys.stdout.write("\n")
+    if outcome.result.diagnoses:
+        print_table(PENDING_HEADERS, _pending_rows(outcome.result))
+    else:
+        sys.stdout.write("no pending GPU pods\n")
