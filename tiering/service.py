@@ -16,9 +16,11 @@ from prometheus_client import start_http_server
 from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent_tiering.kueue_sync import KueueSync, service_flavors
 from nodeagent_tiering.leader import LeaderElector
 from nodeagent_tiering.planner import Plan
 from nodeagent_tiering.policy import TierPolicy
+from nodeagent_tiering.quota import QuotaPolicy
 
 
 class LeaseHeldError(Exception):
@@ -33,6 +35,7 @@ class Service:
     cache: NodeCache
     controller: Controller
     elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
+    kueue: KueueSync | None = None  # tiers as Kueue flavors and the quota metrics; None: off
 
 
 def build(
@@ -44,8 +47,14 @@ def build(
     identity: str,
     dry_run: bool,
     clock: Clock | None = None,
+    kueue: bool = True,
+    quota: QuotaPolicy | None = None,
 ) -> Service:
-    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient)."""
+    """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient).
+
+    ``kueue``: keep the tiers as Kueue ResourceFlavors (when the cluster serves Kueue), shaped
+    by ``quota``'s tier settings when a quota policy is given.
+    """
     clock = clock or SystemClock()
     kube = Kube(api, event_namespace=namespace)
     cache = NodeCache(kube)
@@ -55,7 +64,18 @@ def build(
             kube, namespace=namespace, name=lease_name, identity=identity, clock=clock
         )
     controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
-    return Service(kube, cache, controller, elector)
+    link = None
+    if kueue:
+        link = KueueSync(
+            kube,
+            service_flavors(policy, quota),
+            controller.metrics.quota,
+            clock=clock,
+            interval_s=policy.resync_s,
+            dry_run=dry_run,
+            may_act=controller.may_act,
+        )
+    return Service(kube, cache, controller, elector, link)
 
 
 def run_once(service: Service) -> Plan:
@@ -70,6 +90,11 @@ def run_once(service: Service) -> Plan:
     if elector is not None and not elector.try_acquire_or_renew():
         raise LeaseHeldError("another replica holds the lease")
     result = service.controller.reconcile_once()
+    if service.kueue is not None:
+        report = service.kueue.after_pass(service.cache.snapshot(), force=True)
+        if report is not None:
+            for line in report.would:
+                service.controller.dry_log.add(line)
     if elector is not None:
         elector.release()
     return result
@@ -83,4 +108,10 @@ def serve(service: Service, metrics_host: str | None, metrics_port: int | None) 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    service.controller.run(stop)
+    link = service.kueue
+
+    def after_pass(_plan: Plan) -> None:
+        if link is not None:
+            link.after_pass(service.cache.snapshot())
+
+    service.controller.run(stop, on_pass=after_pass)
