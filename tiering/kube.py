@@ -245,7 +245,12 @@ class Kube:
 
     def kueue_api(self) -> kueue.KueueApi | None:
         """The Kueue API the cluster serves, found through discovery; ``None`` without Kueue."""
-        groups = self._call(client.ApisApi(self.api).get_api_versions)
+        try:
+            groups = self._call(client.ApisApi(self.api).get_api_versions)
+        except KubeError as exc:
+            if exc.status == 404:  # a server without API groups (a stand-in): no Kueue
+                return None
+            raise
         for group in groups.get("groups") or []:
             if group.get("name") != kueue.GROUP:
                 continue

@@ -353,11 +353,12 @@ def check_policy(
                 problems.append((here, _unknown_tier(tier, known)))
             problems.extend(_check_team_tier(policy, team, tier, tt, here))
             cq = cluster_queue_name(team.name, tier)
-            if cq_names.setdefault(cq, f"{team.name}/{tier}") != f"{team.name}/{tier}":
+            owner = f"team {team.name} in tier {tier}"
+            if cq_names.setdefault(cq, owner) != owner:
                 problems.append((here, f"ClusterQueue name {cq} is also {cq_names[cq]}'s"))
             for ns, queue in _local_queues(team, tier, tt):
                 key = (ns, queue)
-                if queues.setdefault(key, f"{team.name}/{tier}") != f"{team.name}/{tier}":
+                if queues.setdefault(key, owner) != owner:
                     problems.append((here, f"LocalQueue {ns}/{queue} is also {queues[key]}'s"))
                 if not DNS_LABEL.match(queue):
                     problems.append((here, f"LocalQueue name {queue!r} is not a DNS label"))
