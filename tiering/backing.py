@@ -34,6 +34,7 @@ from nodeagent_tiering.quota import (
     cluster_queue_name,
     guarantees,
     local_queues,
+    team_of_namespace,
 )
 
 JSON = dict[str, Any]
@@ -282,26 +283,25 @@ def _queue_problems(policy: QuotaPolicy, cluster: Cluster) -> list[Problem]:
         lq = lqs.get((ns, queue))
         want = cluster_queue_name(key.team, key.tier)
         if lq is None:
-            message = f"LocalQueue {ns}/{queue} does not exist: the team cannot submit to tier"
+            message = (
+                f"LocalQueue {ns}/{queue} does not exist: jobs in {ns} cannot reach tier {key.tier}"
+            )
             problems.append(Problem("no-queue", message, team=key.team, tier=key.tier))
         elif (lq.get("spec") or {}).get("clusterQueue") != want:
             other = (lq.get("spec") or {}).get("clusterQueue")
             message = f"LocalQueue {ns}/{queue} sends work to ClusterQueue {other}, not {want}"
             problems.append(Problem("no-queue", message, team=key.team, tier=key.tier))
+    # Work a team submits to a queue nobody made waits forever: Kueue never admits it.
+    owner = team_of_namespace(policy)
     waiting: dict[tuple[str, str], int] = {}
     for wl in cluster.workloads:
         ns = str(wl["metadata"].get("namespace"))
         queue = str((wl.get("spec") or {}).get("queueName") or "")
-        if queue and (ns, queue) not in lqs and not kueue.condition(wl, "Finished"):
+        if ns in owner and queue and (ns, queue) not in lqs and not kueue.condition(wl, "Finished"):
             waiting[(ns, queue)] = waiting.get((ns, queue), 0) + 1
     for (ns, queue), count in sorted(waiting.items()):
-        problems.append(
-            Problem(
-                "no-queue",
-                f"namespace {ns}: {count} workloads wait on LocalQueue {queue}, which does not "
-                "exist",
-            )
-        )
+        message = f"{count} workloads in {ns} wait on LocalQueue {queue}, which does not exist"
+        problems.append(Problem("no-queue", message, team=owner[ns]))
     return problems
 
 
