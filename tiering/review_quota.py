@@ -295,7 +295,7 @@ class QuotaSection:
         drains = [f"tier {t}: {n} pods evicted by drains" for t, n in sorted(self.drains.items())]
         return [
             SectionTable(
-                f"QUOTA AND QUEUES (last {self.period_s / 86400:g} days; {since})",
+                f"QUOTA AND QUEUES (last {duration_text(self.period_s)}; {since})",
                 QUOTA_HEADERS,
                 quota_rows(self),
             ),
@@ -947,12 +947,20 @@ def findings(
     """The short "what to change" list (thresholds at the top of this module)."""
     out: list[str] = []
     for b in section.backing:
-        if b.row.promised > b.row.healthy:
+        promise = (
+            f"tier {b.row.tier}: {_n(b.row.promised)} {b.row.resource} guaranteed on {b.row.flavor}"
+        )
+        if b.row.promised > b.row.installed:
+            out.append(
+                f"{promise}, more than the {_n(b.row.installed)} its nodes have: add nodes or "
+                "lower the guarantees"
+            )
+        elif b.row.promised > b.row.healthy:
             lost = f" ({'; '.join(b.lost[:3])})" if b.lost else ""
             out.append(
-                f"tier {b.row.tier}: {_n(b.row.promised)} {b.row.resource} guaranteed on "
-                f"{b.row.flavor}, the healthy nodes hold {_n(b.row.healthy)}{lost}: return or "
-                "replace nodes, or lower the guarantees"
+                f"{promise}, the healthy nodes hold {_n(b.row.healthy)} of "
+                f"{_n(b.row.installed)}{lost}: return or replace the nodes, or lower the "
+                "guarantees"
             )
     for r in section.rows:
         for name, u in sorted(r.resources.items()):
@@ -996,12 +1004,17 @@ def findings(
                 f"faults or drains ({top}): look at the nodes behind the causes, and have jobs "
                 "checkpoint"
             )
-    out.extend(_stranding(intervals, res, nodes))
+    t0 = section.now_s - section.period_s
+    out.extend(_stranding(intervals, res, nodes, t0, section.now_s))
     return out
 
 
 def _stranding(
-    intervals: Sequence[_Interval], res: _Resolver, nodes: Sequence[Mapping[str, Any]]
+    intervals: Sequence[_Interval],
+    res: _Resolver,
+    nodes: Sequence[Mapping[str, Any]],
+    t0: float,
+    t1: float,
 ) -> list[str]:
     """Request sizes that leave GPUs idle on every node they fill (3 GPUs per pod on 8-GPU
     nodes: two fit, two GPUs stay stranded)."""
@@ -1011,25 +1024,28 @@ def _stranding(
         gpus = _q(((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu"))
         if tier and gpus >= 1:
             node_size[str(tier)][int(gpus)] += 1
-    hours: dict[str, Counter[int]] = defaultdict(Counter)
+    held: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for iv in intervals:
         if iv.resource != "nvidia.com/gpu" or iv.per_pod < 1:
             continue
-        hours[res.tier(iv.flavor)][int(iv.per_pod)] += int(iv.amount * (iv.end - iv.start))
+        span = min(iv.end, t1) - max(iv.start, t0)
+        if span > 0:
+            held[res.tier(iv.flavor)][int(iv.per_pod)] += iv.amount * span
     out = []
-    for tier, by_size in sorted(hours.items()):
+    for tier, by_size in sorted(held.items()):
         total = sum(by_size.values())
         sizes = node_size.get(tier)
         if not total or not sizes:
             continue
         node = sizes.most_common(1)[0][0]
-        for size, held in sorted(by_size.items()):
+        for size, gpu_s in sorted(by_size.items()):
             stranded = node % size if size < node else 0
-            if stranded and held / total >= STRANDING_SHARE:
+            share = gpu_s / total
+            if stranded and share >= STRANDING_SHARE:
                 fits = node // size
                 ok = ", ".join(str(d) for d in range(1, node + 1) if node % d == 0)
                 out.append(
-                    f"tier {tier}: {held / total:.0%} of admitted GPU time is {size}-GPU pods on "
+                    f"tier {tier}: {share:.0%} of admitted GPU time is {size}-GPU pods on "
                     f"{node}-GPU nodes: {fits} fit per node and {stranded} GPUs stay stranded; "
                     f"ask for {ok} GPUs per pod"
                 )

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ class PrometheusError(AssertionError):
 
 
 class PrometheusServer:
-    """One Prometheus process scraping ``targets`` (``host:port``)."""
+    """One Prometheus process scraping ``targets`` (``host:port``), adding ``target_labels``
+    to every series (what a scrape config's relabelling does with the node's name)."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class PrometheusServer:
         *,
         scrape_interval_s: float = 1.0,
         job: str = "nodeagent",
+        target_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -59,6 +61,7 @@ class PrometheusServer:
             f"  scrape_timeout: {int(interval_ms * 0.9)}ms\n"
             f"scrape_configs:\n  - job_name: {job}\n"
             f"    static_configs:\n      - targets: {json.dumps(list(targets))}\n"
+            f"        labels: {json.dumps(dict(target_labels or {}))}\n"
         )
         self.log = (workdir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
@@ -122,7 +125,7 @@ class MetricsPage:
         page = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 body = page.text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
