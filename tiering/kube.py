@@ -312,21 +312,21 @@ class Kube:
             where = (kueue.GROUP, api.version, kind.plural)
         self._call(fn, *where, meta["name"], body=body)
 
-    def list_all_pods(self) -> list[JSON]:
-        """Every pod of the cluster (chunked)."""
-        return self._pages(self.core.list_pod_for_all_namespaces)
+    def list_all_pods(self, field_selector: str | None = None) -> list[JSON]:
+        """Every pod of the cluster (chunked), or those ``field_selector`` selects."""
+        return self._pages(self.core.list_pod_for_all_namespaces, field_selector=field_selector)
 
     def list_all_events(self) -> list[JSON]:
         """Every Event of the cluster, about any kind (chunked)."""
         return self._pages(self.core.list_event_for_all_namespaces)
 
-    def _pages(self, fn: Callable[..., Any], *args: Any) -> list[JSON]:
+    def _pages(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[JSON]:
         """Every item of a list call, read in chunks (``limit`` / ``continue``), so that no
         response has to carry 100,000 objects at once."""
         items: list[JSON] = []
         token: str | None = None
         while True:
-            page = self._call(fn, *args, limit=LIST_CHUNK, _continue=token)
+            page = self._call(fn, *args, limit=LIST_CHUNK, _continue=token, **kwargs)
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue") or None
             if token is None:

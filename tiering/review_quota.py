@@ -111,11 +111,14 @@ def read_inputs(kube: Kube, *, now_s: float, period_s: float) -> ReviewInputs:
         KubeError: a list failed.
     """
     api = kube.kueue_api()
+    # With Kueue the waits come from the Workloads and only ended pods matter (failures); a
+    # large cluster's running pods, most of them not GPU pods at all, are not read.
+    ended = "status.phase!=Running,status.phase!=Pending" if api is not None else None
     inputs = ReviewInputs(
         now_s=now_s,
         period_s=period_s,
         nodes=kube.list_nodes().get("items") or [],
-        pods=kube.list_all_pods(),
+        pods=kube.list_all_pods(ended),
         events=kube.list_all_events(),
         kueue=api,
     )

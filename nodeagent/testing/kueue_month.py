@@ -188,6 +188,11 @@ def simulate(
     flagged["status"]["conditions"].append(
         {"type": lbl.GPU_HEALTHY_CONDITION, "status": "False", "reason": "Xid79", "message": ""}
     )
+    by_tier: dict[str, list[str]] = {}
+    for name, tier in month.node_tier.items():
+        by_tier.setdefault(tier, []).append(name)
+    undrained = {t: [n for n in ns if n not in month.drains] or ns for t, ns in by_tier.items()}
+    drained_in = {t: [n for n in ns if n in month.drains] for t, ns in by_tier.items()}
     queue_names = list(month.queues)
     # Some teams are busy, some mostly idle (their guarantee is lent, or wasted).
     activity = [rng.choice((0.1, 1.0, 1.0, 3.0)) for _ in queue_names]
@@ -210,33 +215,33 @@ def simulate(
             # Preempted and requeued: Kueue keeps only the last admission.
             queued = created + rng.randrange(1, 60) * MINUTE
             preempted = rng.choice(("InCohortReclamation", "InClusterQueue"))
-        admitted: float | None = queued + wait
-        finished: float | None = None if ending == "running" else admitted + runtime
-        if admitted >= now_s:
-            admitted, finished, ending = None, None, "pending"
-        elif finished is not None and finished > now_s:
-            finished, ending = None, "running"
-        tier_nodes = [n for n, t in month.node_tier.items() if t == queue.tier]
-        healthy = [n for n in tier_nodes if n not in month.drains] or tier_nodes
+        admit, finish = queued + wait, queued + wait + runtime
+        if admit >= now_s:
+            ending = "pending"
+        elif ending == "running" or finish > now_s:
+            ending = "running"
+        healthy = undrained[queue.tier]
         node = rng.choice(healthy)
         cause = ""
-        if ending in ("gpu-fault", "drain") and finished is not None:
-            drained = [n for n in tier_nodes if n in month.drains]
+        if ending in ("gpu-fault", "drain"):
+            drained = drained_in[queue.tier]
             if not drained:
                 ending = "application"
             else:
                 node = rng.choice(drained)
                 when, cause = month.drains[node]
                 if ending == "drain":
-                    finished = when + MINUTE  # evicted a minute into the drain
+                    finish = when + MINUTE  # evicted a minute into the drain
                 else:
-                    finished = when - rng.randrange(1, 50) * MINUTE  # died, then the node drained
-                if finished <= admitted:
-                    admitted = finished - MINUTE
-                    if admitted < queued:  # it could not have run before the drain
+                    finish = when - rng.randrange(1, 50) * MINUTE  # died, then the node drained
+                if finish <= admit:
+                    admit = finish - MINUTE
+                    if admit < queued:  # it could not have run before the drain
                         ending, cause, node = "application", "", rng.choice(healthy)
-                        admitted = queued + wait
-                        finished = min(admitted + runtime, now_s - MINUTE)
+                        admit = queued + wait
+                        finish = min(admit + runtime, now_s - MINUTE)
+        admitted = None if ending == "pending" else admit
+        finished = None if ending in ("pending", "running") else finish
         run = Run(
             namespace=queue.team,
             name=f"job-{i}",
@@ -450,9 +455,11 @@ def _pods(run: Run) -> list[JSON]:
 def _status(month: Month) -> None:
     """ClusterQueue status.flavorsUsage now: what the running workloads hold."""
     used: dict[str, int] = {}
+    running: dict[str, int] = {}
     for run in month.runs:
         if run.admitted_s is not None and run.finished_s is None:
             used[run.queue] = used.get(run.queue, 0) + run.gpus
+            running[run.queue] = running.get(run.queue, 0) + 1
     for cq in month.cluster_queues:
         q = month.queues[cq["metadata"]["name"]]
         total = used.get(q.name, 0)
@@ -469,7 +476,5 @@ def _status(month: Month) -> None:
                     ],
                 }
             ],
-            "admittedWorkloads": sum(
-                1 for r in month.runs if r.queue == q.name and r.ending == "running"
-            ),
+            "admittedWorkloads": running.get(q.name, 0),
         }

@@ -143,8 +143,7 @@ class MetricsPage:
     @property
     def target(self) -> str:
         """``host:port`` for a scrape config."""
-        host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return f"127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:
         """Stop serving."""
