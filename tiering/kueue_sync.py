@@ -49,6 +49,7 @@ class KueueSync:
         interval_s: float,
         dry_run: bool = False,
         may_act: Callable[[], bool] | None = None,
+        dry_log: Callable[[str], None] | None = None,
     ) -> None:
         self.kube = kube
         self.flavors = list(flavors)
@@ -57,6 +58,7 @@ class KueueSync:
         self.interval_s = interval_s
         self.dry_run = dry_run
         self.may_act = may_act or (lambda: True)
+        self.dry_log = dry_log
         self.api: kueue.KueueApi | None = None
         self._sync: FlavorSync | None = None
         self._next_s = float("-inf")
@@ -121,6 +123,9 @@ class KueueSync:
                 ", ".join(users),
             )
         self.metrics.observe_flavors(report, {f.name: f.tier for f in self.flavors})
+        if self.dry_log is not None:
+            for line in report.would:
+                self.dry_log(line)
         self.last_report = report
         return report
 

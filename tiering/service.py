@@ -74,6 +74,7 @@ def build(
             interval_s=policy.resync_s,
             dry_run=dry_run,
             may_act=controller.may_act,
+            dry_log=controller.dry_log.add,
         )
     return Service(kube, cache, controller, elector, link)
 
@@ -91,10 +92,7 @@ def run_once(service: Service) -> Plan:
         raise LeaseHeldError("another replica holds the lease")
     result = service.controller.reconcile_once()
     if service.kueue is not None:
-        report = service.kueue.after_pass(service.cache.snapshot(), force=True)
-        if report is not None:
-            for line in report.would:
-                service.controller.dry_log.add(line)
+        service.kueue.after_pass(service.cache.snapshot(), force=True)
     if elector is not None:
         elector.release()
     return result
