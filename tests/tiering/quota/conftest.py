@@ -9,7 +9,6 @@ the whole session, so every name a test makes carries the test's own suffix (``e
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from kubernetes import client
 from nodeagent import labels as lbl
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
+from nodeagent.testing.waiting import wait_until
 from nodeagent_tiering import kueue
 from nodeagent_tiering.kube import Kube
 from nodeagent_tiering.quota import QuotaPolicy, parse_quota_policy
@@ -29,13 +29,10 @@ JSON = dict[str, Any]
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "it") -> Any:
     """Poll until ``predicate`` returns something truthy; that value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    seen: list[Any] = []
+    if not wait_until(lambda: bool(seen.append(predicate()) or seen[-1]), timeout_s, 0.1):
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    return seen[-1]
 
 
 class KueueEnv:

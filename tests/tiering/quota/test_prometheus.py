@@ -4,14 +4,13 @@ agent would serve it, labelled with the node's name the way a scrape config does
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from nodeagent import labels as lbl
-from nodeagent.testing.prometheus import MetricsPage, PrometheusServer, find_prometheus
+from nodeagent.testing.prometheus import MetricsPage, PrometheusServer
 from nodeagent_tiering import kueue
 from nodeagent_tiering.review_quota import ReviewInputs, build_section, query_usage
+from tests.deploy.tools import require_tool
 from tests.tiering.quota.conftest import quota_policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -51,11 +50,7 @@ def page(held_by_b: bool) -> str:
 
 @pytest.fixture
 def prometheus(tmp_path):
-    binary = find_prometheus()
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus is missing in CI: apt-get install prometheus")
-        pytest.skip("prometheus not installed (Debian package prometheus)")
+    binary = require_tool("prometheus")
     metrics = MetricsPage(page(held_by_b=False))
     server = PrometheusServer(
         binary, tmp_path / "prom", [metrics.target], target_labels={"node": "gpu-node-1"}

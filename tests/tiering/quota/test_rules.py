@@ -4,9 +4,7 @@ promtool-clean, and the alert fires when guaranteed quota outgrows healthy capac
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pytest
 import yaml
 
 from nodeagent_tiering.metrics import TieringMetrics
+from tests.deploy.tools import require_tool
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "deploy" / "prometheus" / "nodeagent-tiering-rules.yaml"
@@ -67,15 +66,6 @@ def test_the_dashboard_reads_only_recorded_tier_series_and_is_laid_out():
         assert g["x"] + g["w"] <= 24, p["title"]
 
 
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is missing in CI: apt-get install prometheus")
-        pytest.skip("promtool not installed (Debian package prometheus)")
-    return path
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "args",
@@ -84,6 +74,10 @@ def promtool() -> str:
 )
 def test_promtool(args):
     result = subprocess.run(
-        [promtool(), *args], capture_output=True, text=True, timeout=60, cwd=RULE_TESTS.parent
+        [require_tool("promtool"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=RULE_TESTS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
