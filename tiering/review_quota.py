@@ -657,11 +657,10 @@ def _end_time(pod: Mapping[str, Any]) -> float | None:
 def _drains(
     events: Iterable[Mapping[str, Any]],
 ) -> tuple[dict[str, list[tuple[float, str]]], dict[str, int]]:
-    """Per node, the service's drain starts ``(time, cause)``; per tier, pods the drains
-    evicted (from ``DrainSucceeded``)."""
-    starts: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    tier_of_node: dict[str, str] = {}
-    evicted: dict[str, int] = defaultdict(int)
+    """Per node, the service's drain starts ``(time, cause)``; per tier (the one the node
+    left, from the drain's start), pods the drains evicted (from ``DrainSucceeded``)."""
+    starts: dict[str, list[tuple[float, str, str]]] = defaultdict(list)
+    done: list[tuple[str, float, int]] = []
     for ev in events:
         reason = ev.get("reason")
         obj = ev.get("involvedObject") or {}
@@ -671,19 +670,23 @@ def _drains(
         when = kueue.timestamp(
             ev.get("lastTimestamp") or ev.get("firstTimestamp") or ev.get("eventTime")
         )
+        if when is None:
+            continue
         message = str(ev.get("message") or "")
-        if reason == "DrainStarted" and when is not None:
-            starts[node].append((when, cause_key(message)))
+        if reason == "DrainStarted":
             match = TIER_IN_MESSAGE.search(message)
-            if match:
-                tier_of_node[node] = match.group(1)
-        elif reason == "DrainSucceeded":
-            count = message.split("drained: ", 1)[-1].split(" ", 1)[0]
-            if count.isdigit():
-                evicted[tier_of_node.get(node, "(none)")] += int(count)
+            starts[node].append((when, cause_key(message), match.group(1) if match else "(none)"))
+        else:
+            evictions = message.split("drained: ", 1)[-1].split(" ", 1)[0]
+            if evictions.isdigit():
+                done.append((node, when, int(evictions)))
     for items in starts.values():
         items.sort()
-    return starts, dict(evicted)
+    evicted: dict[str, int] = defaultdict(int)
+    for node, when, count in done:
+        before = [tier for t, _, tier in starts.get(node, []) if t <= when]
+        evicted[before[-1] if before else "(none)"] += count
+    return {n: [(t, c) for t, c, _ in items] for n, items in starts.items()}, dict(evicted)
 
 
 def _classify(
@@ -750,10 +753,13 @@ def build_section(
         r = row(q.tier, q.team)
         r.queues.append(q.name)
         for (_flavor, resource), amount in q.nominal.items():
-            u = r.resources.setdefault(resource, ResourceUse())
-            u.guaranteed += amount
+            if RESOURCE.match(resource):  # the review is about GPUs; CPU quota is not
+                u = r.resources.setdefault(resource, ResourceUse())
+                u.guaranteed += amount
         for fu in (cq.get("status") or {}).get("flavorsUsage") or ():
             for rr in fu.get("resources") or ():
+                if not RESOURCE.match(str(rr.get("name"))):
+                    continue
                 u = r.resources.setdefault(str(rr.get("name")), ResourceUse())
                 u.used_now = (u.used_now or 0.0) + _q(rr.get("total"))
                 u.borrowed_now = (u.borrowed_now or 0.0) + _q(rr.get("borrowed"))
