@@ -517,7 +517,7 @@ def _gpu_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     for c in (pod.get("spec") or {}).get("containers") or ():
         res = c.get("resources") or {}
         for name, value in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
-            if RESOURCE.match(name):
+            if RESOURCE.match(name) and _q(value) > 0:
                 out[name] = out.get(name, 0.0) + _q(value)
     return out
 

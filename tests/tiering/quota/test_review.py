@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
-from nodeagent.testing.kueue_month import MINUTE, Month, simulate
+from nodeagent.testing.kueue_month import MINUTE, Month, simulate, stamp
 from nodeagent_tiering import kueue
 from nodeagent_tiering.kube import micro_time
 from nodeagent_tiering.quota import render
@@ -365,3 +365,36 @@ def test_the_review_of_a_month_kueue_ran_equals_the_objects(env, tmp_path):
     page = tmp_path / "review.html"
     assert CliRunner().invoke(app, [*base, "--html", str(page)]).exit_code == 0
     assert "<h2>Quota and queues</h2>" in page.read_text()
+
+
+def test_without_kueue_waits_come_from_pods_creation_to_start():
+    """On a cluster without Kueue the waits are a GPU pod's creation to its start; the pods'
+    nodes give the tier, their namespaces the team."""
+    now = 1_767_225_600.0
+    node = {"metadata": {"name": "n1", "labels": {"nodeagent.io/tier": "general"}}, "status": {}}
+
+    def pod(name, ns, created, started=None, gpus="1", phase="Running"):
+        status = {"phase": phase}
+        if started is not None:
+            status["startTime"] = stamp(started)
+        return {
+            "metadata": {"name": name, "namespace": ns, "creationTimestamp": stamp(created)},
+            "spec": {
+                "nodeName": "n1" if started is not None else "",
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}],
+            },
+            "status": status,
+        }
+
+    waits = [30, 90, 600, 5, 3600]
+    pods = [pod(f"p{i}", "ml", now - 7200, now - 7200 + w) for i, w in enumerate(waits)]
+    pods.append(pod("cpu-only", "ml", now - 7200, now - 100, gpus="0"))
+    pods.append(pod("waiting", "ml", now - 300, phase="Pending"))
+    section = build_section(ReviewInputs(now_s=now, period_s=86400, nodes=[node], pods=pods))
+    row = next(r for r in section.rows if r.team == "ml" and r.tier == "general")
+    assert row.waits.source == "pods"
+    assert row.waits.admitted == 5
+    assert row.waits.median_s == statistics.median(waits)
+    assert row.waits.p90_s == nearest_rank(waits, 0.9)
+    (unplaced,) = [r for r in section.rows if r.tier == "(none)"]
+    assert (unplaced.waits.pending, unplaced.waits.longest_pending_s) == (1, 300)
