@@ -292,6 +292,7 @@ def report_command(
     )
     from nodeagent_tiering.review_quota import (
         build_section,
+        gc_paused,
         parse_duration,
         query_usage,
         read_inputs,
@@ -312,37 +313,38 @@ def report_command(
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api)
     now = time.time()
-    try:
-        inputs = read_inputs(kube, now_s=now, period_s=period_s)
-        values = query_prometheus(prometheus, node_label) if prometheus else None
-        usage = (
-            query_usage(prometheus, node_label, period_s=period_s, step_s=step_s)
-            if prometheus
-            else None
+    with gc_paused():  # the reads and the build make millions of objects
+        try:
+            inputs = read_inputs(kube, now_s=now, period_s=period_s)
+            values = query_prometheus(prometheus, node_label) if prometheus else None
+            usage = (
+                query_usage(prometheus, node_label, period_s=period_s, step_s=step_s)
+                if prometheus
+                else None
+            )
+        except KubeError as exc:
+            fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+        except ReportError as exc:
+            fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
+        review = build_review(
+            [NodeView.from_object(o) for o in inputs.nodes],
+            inputs.events,
+            policy=policy,
+            now_s=now,
+            period_s=period_s,
+            prometheus=values,
         )
-    except KubeError as exc:
-        fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
-    except ReportError as exc:
-        fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
-    review = build_review(
-        [NodeView.from_object(o) for o in inputs.nodes],
-        inputs.events,
-        policy=policy,
-        now_s=now,
-        period_s=period_s,
-        prometheus=values,
-    )
-    review.sections.append(
-        build_section(
-            inputs,
-            policy=quota,
-            flavors=flavors,
-            prometheus=usage,
-            prometheus_source=f"Prometheus {prometheus}"
-            if prometheus
-            else "not queried (no --prometheus)",
+        review.sections.append(
+            build_section(
+                inputs,
+                policy=quota,
+                flavors=flavors,
+                prometheus=usage,
+                prometheus_source=f"Prometheus {prometheus}"
+                if prometheus
+                else "not queried (no --prometheus)",
+            )
         )
-    )
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:
