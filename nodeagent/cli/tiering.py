@@ -115,6 +115,20 @@ def _policy(path: Path) -> Any:
         fail(str(exc).splitlines()[0], f"fix the tier policy file {path} (see docs/tiering.md)")
 
 
+def _flavors(policy: Any, quota: Any) -> Any:
+    """The tiers' desired flavors (the tier policy's tiers, else the quota policy's), or exit 2
+    when two tiers would share a flavor name."""
+    from nodeagent_tiering.kueue_sync import service_flavors
+    from nodeagent_tiering.quota import flavors_of
+
+    try:
+        if policy is not None:
+            return service_flavors(policy, quota)
+        return flavors_of(quota) if quota is not None else []
+    except ValueError as exc:
+        fail(str(exc), "rename the tiers, or set flavor_prefix in the quota policy")
+
+
 def _quota(path: Path, tier_policy: Any = None) -> Any:
     """The quota policy, checked against the tier policy's tiers when one is given."""
     from nodeagent_tiering.quota import QuotaPolicyError, load_quota_policy
@@ -186,6 +200,8 @@ def run_command(
     )
     policy = _policy(policy_file)
     quota = _quota(quota_file, policy) if quota_file is not None else None
+    if kueue:
+        _flavors(policy, quota)  # names valid, before anything starts
     api, _ = _client(server, kubeconfig, in_cluster)
     service = tiering.build(
         api,
@@ -279,9 +295,7 @@ def report_command(
     """The pool review: per tier health, drift, MIG layouts, fragmentation, drains; per tier
     and team quota, queue waits, utilisation and failures, and what to change."""
     from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.kueue_sync import service_flavors
     from nodeagent_tiering.nodes import NodeView
-    from nodeagent_tiering.quota import flavors_of
     from nodeagent_tiering.report import (
         TABLE_HEADERS,
         ReportError,
@@ -305,11 +319,7 @@ def report_command(
         fail(str(exc), "durations look like 30d, 12h, 90m or 45s")
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy) if quota_file else None
-    flavors = (
-        service_flavors(policy, quota)
-        if policy is not None
-        else (flavors_of(quota) if quota is not None else [])
-    )
+    flavors = _flavors(policy, quota)
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api)
     now = time.time()
@@ -516,15 +526,13 @@ def quota_check_command(
     from nodeagent_tiering import kueue
     from nodeagent_tiering.backing import Cluster, check
     from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.kueue_sync import service_flavors
-    from nodeagent_tiering.quota import flavors_of
 
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy)
     api_client, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api_client)
     api = _kueue_api(None, kube)
-    desired = service_flavors(policy, quota) if policy is not None else flavors_of(quota)
+    desired = _flavors(policy, quota)
     try:
         cluster = Cluster(
             nodes=kube.list_nodes().get("items") or [],
@@ -562,12 +570,11 @@ def quota_flavors_command(
     """The tiers' ResourceFlavors: printed (a dry run), or synced once with --sync."""
     from nodeagent_tiering.flavors import FlavorSync
     from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.kueue_sync import service_flavors
     from nodeagent_tiering.quota import render_yaml
 
     policy = _policy(policy_file)
     quota = _quota(quota_file, policy) if quota_file else None
-    desired = service_flavors(policy, quota)
+    desired = _flavors(policy, quota)
     kube = None
     if sync or kueue_version == "auto":
         api_client, kube_cls = _client(server, kubeconfig, in_cluster)

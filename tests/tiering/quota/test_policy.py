@@ -453,3 +453,16 @@ def test_v1beta1_rendering_matches_the_servers_v1beta1_schema(env):
             "-",
             stdin=yaml.safe_dump(cq),
         )
+
+
+def test_tiers_that_would_share_a_flavor_name_are_one_line_errors(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: v1\ntiers:\n  - name: Training\n  - name: training\n")
+    result = CliRunner().invoke(
+        app, ["run", "--policy", str(policy), "--server", "http://127.0.0.1:9", "--once"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: tier training and tier Training would both be flavor training",
+        "hint: rename the tiers, or set flavor_prefix in the quota policy",
+    ]
