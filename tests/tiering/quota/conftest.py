@@ -118,6 +118,21 @@ class KueueEnv:
         )
         return result
 
+    def edit(self, plural: str, name: str, path: Sequence[str | int], value: Any) -> None:
+        """Change one field of a cluster-scoped Kueue object by hand, as `kubectl edit` would
+        (field manager ``kubectl-edit``; a JSON patch, so Kueue's own concurrent status and
+        finalizer writes do not make it fail)."""
+        pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path)
+        self.custom.patch_cluster_custom_object(
+            kueue.GROUP,
+            self.api.version,
+            plural,
+            name,
+            [{"op": "replace", "path": pointer, "value": value}],
+            field_manager="kubectl-edit",
+            _content_type="application/json-patch+json",
+        )
+
     def close(self) -> None:
         for name in self._nodes:
             with contextlib.suppress(client.ApiException):

@@ -92,11 +92,8 @@ def test_a_field_someone_else_changed_is_reported_not_taken_over(env, tmp_path):
     ns = env.namespace("t")
     assert apply(env, policy(env, ns, {"train": 4}), tmp_path)[0] == 0
     cq = f"{env.name('t')}-{env.name('train')}"
-    edited = env.cluster_queue(cq)
-    edited["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = 6
-    env.custom.replace_cluster_custom_object(
-        kueue.GROUP, env.api.version, "clusterqueues", cq, edited, field_manager="kubectl-edit"
-    )
+    path = ["spec", "resourceGroups", 0, "flavors", 0, "resources", 0, "nominalQuota"]
+    env.edit("clusterqueues", cq, path, 6)
     code, lines = apply(env, policy(env, ns, {"train": 8}), tmp_path)
     assert code == 1
     (conflict,) = [line for line in lines if line.startswith(f"ClusterQueue {cq}:")]

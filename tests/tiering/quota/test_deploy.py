@@ -150,18 +150,7 @@ def test_each_identity_works_under_exactly_its_role(env, tmp_path):
     report = service.kueue.last_report
     assert env.name("train") in report.created
     assert env.name("gone") in report.deleted
-    edited = env.custom.get_cluster_custom_object(
-        "kueue.x-k8s.io", env.api.version, "resourceflavors", env.name("train")
-    )
-    edited["spec"]["nodeLabels"][lbl.TIER] = "old"
-    env.custom.replace_cluster_custom_object(
-        "kueue.x-k8s.io",
-        env.api.version,
-        "resourceflavors",
-        env.name("train"),
-        edited,
-        field_manager="kubectl-edit",
-    )
+    env.edit("resourceflavors", env.name("train"), ["spec", "nodeLabels", lbl.TIER], "old")
     tiering.run_once(service)  # conflicts now: reported, not forced
     assert env.name("train") in service.kueue.last_report.drifted
     kueue_calls = {

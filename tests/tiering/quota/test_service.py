@@ -176,11 +176,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_as_it_is(env, caplog):
     service = build(env)
     tiering.run_once(service)
     name = env.name("train")
-    edited = flavor(env, name)
-    edited["spec"]["nodeLabels"][lbl.TIER] = "elsewhere"
-    env.custom.replace_cluster_custom_object(
-        kueue.GROUP, env.api.version, "resourceflavors", name, edited, field_manager="kubectl-edit"
-    )
+    env.edit("resourceflavors", name, ["spec", "nodeLabels", lbl.TIER], "elsewhere")
     with caplog.at_level(logging.WARNING, logger="nodeagent_tiering.flavors"):
         tiering.run_once(service)
     report = service.kueue.last_report
@@ -209,11 +205,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_as_it_is(env, caplog):
     assert result.exit_code == 0, result.output
     assert "kubectl-edit" in yaml.safe_load(result.stdout)["quota"]["drifted_flavors"][name]
     # Put back by hand: in sync again, the gauge clears.
-    edited = flavor(env, name)
-    edited["spec"]["nodeLabels"][lbl.TIER] = name
-    env.custom.replace_cluster_custom_object(
-        kueue.GROUP, env.api.version, "resourceflavors", name, edited, field_manager="kubectl-edit"
-    )
+    env.edit("resourceflavors", name, ["spec", "nodeLabels", lbl.TIER], name)
     tiering.run_once(service)
     assert name in service.kueue.last_report.unchanged
     assert registry.get_sample_value("nodeagent_tiering_kueue_flavor_drift", labels) is None
