@@ -97,9 +97,6 @@ class TieringMetrics:
         self.breaker_open.set(1 if plan.breaker.open else 0)
 
 
-FLAVOR_STATES = ("in-sync", "drifted", "stale-referenced", "name-taken")
-
-
 class QuotaMetrics:
     """Kueue flavors and the quota each tier's healthy capacity backs (on the same registry)."""
 
@@ -120,8 +117,8 @@ class QuotaMetrics:
         )
         self.flavor_drift = Gauge(
             "nodeagent_tiering_kueue_flavor_drift",
-            "1 while a nodeagent ResourceFlavor differs from the tier policy because someone "
-            "edited it.",
+            "1 while a nodeagent ResourceFlavor differs from the tier and quota policies because "
+            "someone edited it (the service leaves it as it is).",
             ["flavor", "tier"],
             registry=r,
         )

@@ -296,13 +296,20 @@ def test_the_review_of_a_month_kueue_ran_equals_the_objects(env, tmp_path):
         lambda: env.core.read_namespaced_pod("a1", a).status.phase == "Running", what="a1 to run"
     )
     # The node goes bad; the service drains it and a1 is evicted.
-    env.kube.node_event(
-        node,
-        "DrainStarted",
-        f"cordoned and draining (tier {tier}): GPUHealthy=False (Xid79): fell off the bus",
-        warning=True,
-        now_s=time.time(),
-        component="nodeagent-tiering",
+    when = micro_time(time.time())[:19] + "Z"
+    env.core.create_namespaced_event(
+        "default",
+        {
+            "metadata": {"generateName": f"{node}."},
+            "involvedObject": {"kind": "Node", "name": node},
+            "reason": "DrainStarted",
+            "message": f"cordoned and draining (tier {tier}): GPUHealthy=False (Xid79): gone",
+            "type": "Warning",
+            "source": {"component": "nodeagent-tiering"},
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "count": 1,
+        },
     )
     time.sleep(1.1)
     finish(env, a, "a1", failed=True, evicted=True)
