@@ -2,7 +2,7 @@
 namespaces and GPU nodes whose names cannot collide with another test's.
 
 ResourceFlavors, ClusterQueues and Cohorts are cluster-scoped and the control plane lives for
-the whole session, so every name a test makes carries the test's own suffix (``env.uid``);
+the whole test run, so every name a test makes carries the test's own suffix (``env.uid``);
 :class:`KueueEnv` deletes what the test made when it ends.
 """
 
