@@ -69,6 +69,16 @@ DRAIN_ANNOTATION = PREFIX + "drain"  # JSON progress of a drain (read back by a 
 BREAKER_ANNOTATION = PREFIX + "circuit-breaker"  # on the service's Lease
 QUARANTINE_TAINT = PREFIX + "quarantine"  # the default drain.taint_key
 
+# The Kueue objects the tiering service writes (flavors, queues, cohorts): the recommended
+# Kubernetes label marks them as nodeagent's, so it never touches one it did not make; TEAM and
+# TIER on them say which team and tier a queue serves.
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "nodeagent"
+TEAM = PREFIX + "team"
+GPU_PRODUCT_FLAVOR = PREFIX + "gpu-product"  # on a per-product flavor: the product it selects
+# Kueue's own label: the LocalQueue a pod or Job is submitted to.
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
 # Every label the agent owns: a key here that the agent no longer computes is removed.
 # The health reporter writes GPU_HEALTH, STABILITY and DRIVER_VERSION itself (same names).
 AGENT_LABELS: tuple[str, ...] = (

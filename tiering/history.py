@@ -30,6 +30,7 @@ from typing import Any
 
 from nodeagent_tiering.kube import Kube, KubeError
 from nodeagent_tiering.pending import CONTIGUITY, PassResult, Reason, primary_request
+from nodeagent_tiering.report import SectionTable
 from nodeagent_tiering.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -364,10 +365,10 @@ def fragmentation_section(
     )
 
 
-def section_tables(f: Fragmentation) -> list[tuple[str, list[str], list[list[str]]]]:
-    """The section as (title, headers, rows) tables."""
+def section_tables(f: Fragmentation) -> list[SectionTable]:
+    """The section's tables."""
     reasons = [r.value for r in Reason]
-    tables: list[tuple[str, list[str], list[list[str]]]] = [
+    tables = [
         (
             f"Pending GPU workloads by reason ({f.days} days of history)",
             ["REASON", "NOW", "POD-HOURS", "PEAK"],
@@ -409,4 +410,4 @@ def section_tables(f: Fragmentation) -> list[tuple[str, list[str], list[list[str
             ]
         )
     tables.append(("Recommended request-size templates", ["TIER", "WHOLE GPUS", "MIG"], rows))
-    return tables
+    return [SectionTable(title, headers, body) for title, headers, body in tables]

@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client, config
 
 from nodeagent.runtime.backoff import Backoff
+from nodeagent_tiering import kueue
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"  # served since Kueue v0.15 and its storage version since v0.16
+APPLY_PATCH = "application/apply-patch+yaml"
+LIST_CHUNK = 500  # items per page of a chunked list (what kubectl asks for)
 
 
 class KubeError(Exception):
@@ -326,6 +329,97 @@ class Kube:
         """Replace a Lease; the body's resourceVersion makes it fail with 409 when stale."""
         result: JSON = self._call(self.coordination.replace_namespaced_lease, name, namespace, body)
         return result
+
+    # Kueue, and the cluster-wide reads of the quota check and the pool review
+
+    def kueue_api(self) -> kueue.KueueApi | None:
+        """The Kueue API the cluster serves, found through discovery; ``None`` without Kueue."""
+        try:
+            groups = self._call(client.ApisApi(self.api).get_api_versions)
+        except KubeError as exc:
+            if exc.status == 404:  # a server without API groups (a stand-in): no Kueue
+                return None
+            raise
+        for group in groups.get("groups") or []:
+            if group.get("name") != kueue.GROUP:
+                continue
+            versions = [v.get("version") for v in group.get("versions") or []]
+            preferred = (group.get("preferredVersion") or {}).get("version")
+            version = kueue.served_version(versions, preferred)
+            if version is None:
+                return None
+            resources = self._call(
+                client.CustomObjectsApi(self.api).get_api_resources, kueue.GROUP, version
+            )
+            plurals = frozenset(
+                str(r["name"]) for r in resources.get("resources") or [] if "/" not in r["name"]
+            )
+            return kueue.KueueApi(version, plurals)
+        return None
+
+    def list_kueue(self, api: kueue.KueueApi, kind: kueue.Kind) -> list[JSON]:
+        """Every object of a Kueue kind, in all namespaces (chunked)."""
+        custom = client.CustomObjectsApi(self.api)
+        return self._pages(custom.list_cluster_custom_object, kueue.GROUP, api.version, kind.plural)
+
+    def apply_kueue(
+        self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON, *, field_manager: str
+    ) -> JSON:
+        """Server-side apply of a Kueue object, never forced: a field another manager owns
+        makes it fail with 409 instead of being taken over."""
+        custom = client.CustomObjectsApi(self.api)
+        meta = obj["metadata"]
+        options: dict[str, Any] = {
+            "field_manager": field_manager,
+            "force": False,
+            "_content_type": APPLY_PATCH,
+        }
+        if kind.namespaced:
+            fn: Callable[..., Any] = custom.patch_namespaced_custom_object
+            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
+        else:
+            fn = custom.patch_cluster_custom_object
+            where = (kueue.GROUP, api.version, kind.plural)
+        result: JSON = self._call(fn, *where, meta["name"], obj, **options)
+        return result
+
+    def delete_kueue(self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON) -> None:
+        """Delete exactly the object read (uid and resourceVersion preconditions): one changed
+        or recreated since then stays (409)."""
+        custom = client.CustomObjectsApi(self.api)
+        meta = obj["metadata"]
+        body = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(
+                uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
+            )
+        )
+        if kind.namespaced:
+            fn: Callable[..., Any] = custom.delete_namespaced_custom_object
+            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
+        else:
+            fn = custom.delete_cluster_custom_object
+            where = (kueue.GROUP, api.version, kind.plural)
+        self._call(fn, *where, meta["name"], body=body)
+
+    def list_all_pods(self, field_selector: str | None = None) -> list[JSON]:
+        """Every pod of the cluster (chunked), or those ``field_selector`` selects."""
+        return self._pages(self.core.list_pod_for_all_namespaces, field_selector=field_selector)
+
+    def list_all_events(self) -> list[JSON]:
+        """Every Event of the cluster, about any kind (chunked)."""
+        return self._pages(self.core.list_event_for_all_namespaces)
+
+    def _pages(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[JSON]:
+        """Every item of a list call, read in chunks (``limit`` / ``continue``), so that no
+        response has to carry 100,000 objects at once."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            page = self._call(fn, *args, limit=LIST_CHUNK, _continue=token, **kwargs)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
 
 
 def _message(exc: client.ApiException) -> str:

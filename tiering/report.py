@@ -18,7 +18,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.kube import parse_time
@@ -33,7 +33,7 @@ PROM_QUERIES = {
     "stranded_gpus": "sum by ({node}) (nodeagent_stranded_gpus)",
 }
 
-_TIER_IN_MESSAGE = re.compile(r"\(tier ([^)]+)\)")
+TIER_IN_MESSAGE = re.compile(r"\(tier ([^)]+)\)")
 
 
 class ReportError(Exception):
@@ -62,18 +62,61 @@ class TierReview:
     drain_causes: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Section:
-    """An extra part of the review (fragmentation, quota...): its JSON and its tables.
+@dataclass(frozen=True)
+class SectionTable:
+    """A table of a review section, with lines printed under it."""
 
-    Sections are built by their own modules and appended to :attr:`Review.sections`; the table,
-    the JSON and the HTML page each show every section after the per-tier review.
-    """
-
-    key: str  # the JSON key
     title: str
-    data: Any  # plain data for --json
-    tables: tuple[tuple[str, list[str], list[list[str]]], ...] = ()  # (title, headers, rows)
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TableSection:
+    """A review section that is only tables: its HTML is the tables under a heading."""
+
+    key: str
+    title: str
+    data: dict[str, Any]
+    table_list: list[SectionTable]
+
+    def to_json(self) -> dict[str, Any]:
+        """Its plain data."""
+        return self.data
+
+    def tables(self) -> list[SectionTable]:
+        """Its tables."""
+        return self.table_list
+
+    def html(self) -> str:
+        """A heading, then each table (``none`` when empty) with its notes."""
+        parts = [f"<h2>{html.escape(self.title)}</h2>"]
+        for table in self.table_list:
+            parts.append(f"<h3>{html.escape(table.title)}</h3>")
+            parts.append(_table_html(table.headers, table.rows) if table.rows else "<p>none</p>")
+            parts.extend(f"<p>{html.escape(note)}</p>" for note in table.notes)
+        return "\n".join(parts)
+
+
+class ReviewSection(Protocol):
+    """A part of the review built by another module (quotas and queues, ...), added to
+    :attr:`Review.sections`: it appears under ``key`` in ``--json``, as tables after the tier
+    table in the text output, and before the details in the HTML page."""
+
+    key: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Its plain data."""
+        ...
+
+    def tables(self) -> list[SectionTable]:
+        """Its tables for the text output."""
+        ...
+
+    def html(self) -> str:
+        """Its part of the page (self-contained: no scripts, no external resources)."""
+        ...
 
 
 @dataclass
@@ -83,39 +126,44 @@ class Review:
     period_s: float
     source: str  # "prometheus" or "annotations"
     tiers: list[TierReview]
-    sections: list[Section] = field(default_factory=list)
+    sections: list[ReviewSection] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
-        out = {
+        data: dict[str, Any] = {
             "period_seconds": self.period_s,
             "capacity_source": self.source,
             "tiers": [asdict(t) for t in self.tiers],
         }
         for section in self.sections:
-            out[section.key] = section.data
-        return out
+            data[section.key] = section.to_json()
+        return data
+
+
+def instant_query(url: str, query: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """The result vector of one instant query against the Prometheus HTTP API."""
+    if not url.startswith(("http://", "https://")):
+        raise ReportError(f"--prometheus {url!r} is not an http(s) URL")
+    full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    try:
+        with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310
+            body = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot query Prometheus at {url}: {exc}") from exc
+    if body.get("status") != "success":
+        raise ReportError(f"Prometheus refused {query!r}: {body.get('error', 'unknown')}")
+    result: list[dict[str, Any]] = (body.get("data") or {}).get("result") or []
+    return result
 
 
 def query_prometheus(
     url: str, node_label: str, timeout_s: float = 10.0
 ) -> dict[str, dict[str, float]]:
     """Per-node values of each query in :data:`PROM_QUERIES` from the Prometheus HTTP API."""
-    if not url.startswith(("http://", "https://")):
-        raise ReportError(f"--prometheus {url!r} is not an http(s) URL")
     out: dict[str, dict[str, float]] = {}
     for key, template in PROM_QUERIES.items():
-        query = template.format(node=node_label)
-        full = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-        try:
-            with urllib.request.urlopen(full, timeout=timeout_s) as resp:  # noqa: S310
-                body = json.loads(resp.read())
-        except (OSError, ValueError) as exc:
-            raise ReportError(f"cannot query Prometheus at {url}: {exc}") from exc
-        if body.get("status") != "success":
-            raise ReportError(f"Prometheus refused {query!r}: {body.get('error', 'unknown')}")
         values: dict[str, float] = {}
-        for sample in (body.get("data") or {}).get("result") or []:
+        for sample in instant_query(url, template.format(node=node_label), timeout_s):
             node = (sample.get("metric") or {}).get(node_label)
             if node is not None:
                 values[node] = float(sample["value"][1])
@@ -130,7 +178,7 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-def _cause_key(message: str) -> str:
+def cause_key(message: str) -> str:
     """A short, countable cause from a DrainStarted message."""
     text = message.split(":", 1)[1].strip() if ":" in message else message
     match = re.match(r"GPUHealthy=False \(([^)]*)\)", text)
@@ -211,12 +259,12 @@ def build_review(
         if when is not None and when < now_s - period_s:
             continue
         message = str(event.get("message") or "")
-        match = _TIER_IN_MESSAGE.search(message)
+        match = TIER_IN_MESSAGE.search(message)
         name = match.group(1) if match else "(none)"
         r = reviews.setdefault(name, TierReview(name))
         count = int(event.get("count") or 1)
         r.drains += count
-        cause = _cause_key(message)
+        cause = cause_key(message)
         r.drain_causes[cause] = r.drain_causes.get(cause, 0) + count
     ordered = [reviews[n] for n in order] + [r for k, r in reviews.items() if k not in order]
     source = "prometheus" if prometheus is not None else "annotations"
@@ -372,9 +420,9 @@ stranded capacity from {html.escape(review.source)}.</p>
 {_simple_bars("drains per tier", drains)}
 <h2>Drain causes</h2>
 {_simple_bars("drain causes", {k: float(v) for k, v in causes.most_common(8)})}
+{"".join(section.html() for section in review.sections)}
 <h2>Details</h2>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
-{"".join(_section_html(s) for s in review.sections)}
 </body></html>
 """
 
@@ -385,11 +433,3 @@ def _table_html(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _section_html(section: Section) -> str:
-    parts = [f"<h2>{html.escape(section.title)}</h2>"]
-    for title, headers, rows in section.tables:
-        parts.append(f"<h3>{html.escape(title)}</h3>")
-        parts.append(_table_html(headers, rows) if rows else "<p>none</p>")
-    return "\n".join(parts)

@@ -16,11 +16,13 @@ from prometheus_client import start_http_server
 from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
 from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent_tiering.kueue_sync import KueueSync, service_flavors
 from nodeagent_tiering.leader import LeaderElector
 from nodeagent_tiering.pending import MigPlanner, settings_for
 from nodeagent_tiering.pending_loop import PendingLoop
 from nodeagent_tiering.planner import Plan
 from nodeagent_tiering.policy import TierPolicy
+from nodeagent_tiering.quota import QuotaPolicy
 
 
 class LeaseHeldError(Exception):
@@ -36,6 +38,7 @@ class Service:
     controller: Controller
     elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
     pending: PendingLoop  # why GPU workloads are pending (advisory: Events, metrics, history)
+    kueue: KueueSync | None = None  # tiers as Kueue flavors and the quota metrics; None: off
 
 
 def build(
@@ -48,11 +51,15 @@ def build(
     dry_run: bool,
     clock: Clock | None = None,
     planner: MigPlanner,
+    kueue: bool = True,
+    quota: QuotaPolicy | None = None,
 ) -> Service:
     """One replica of the service over ``api`` (a configured ``kubernetes`` ApiClient).
 
     ``planner`` is the MIG planner the pending-workload diagnosis asks what a layout change
-    would take (the composition layer passes ``mig apply``'s).
+    would take (the composition layer passes ``mig apply``'s). ``kueue``: keep the tiers as
+    Kueue ResourceFlavors (when the cluster serves Kueue), shaped by ``quota``'s tier settings
+    when a quota policy is given.
     """
     clock = clock or SystemClock()
     kube = Kube(api, event_namespace=namespace)
@@ -75,7 +82,19 @@ def build(
         may_act=controller.may_act,
         dry_run=dry_run,
     )
-    return Service(kube, cache, controller, elector, pending)
+    link = None
+    if kueue:
+        link = KueueSync(
+            kube,
+            service_flavors(policy, quota),
+            controller.metrics.quota,
+            clock=clock,
+            interval_s=policy.resync_s,
+            dry_run=dry_run,
+            may_act=controller.may_act,
+            dry_log=controller.dry_log.add,
+        )
+    return Service(kube, cache, controller, elector, pending, link)
 
 
 def run_once(service: Service) -> Plan:
@@ -90,6 +109,8 @@ def run_once(service: Service) -> Plan:
     if elector is not None and not elector.try_acquire_or_renew():
         raise LeaseHeldError("another replica holds the lease")
     result = service.controller.reconcile_once()
+    if service.kueue is not None:
+        service.kueue.after_pass(service.cache.snapshot(), force=True)
     if elector is not None:
         elector.release()
     return result
@@ -107,5 +128,11 @@ def serve(service: Service, metrics_host: str | None, metrics_port: int | None) 
         target=service.pending.run, args=(stop,), name="tiering-pending", daemon=True
     )
     diagnosis.start()
-    service.controller.run(stop)
+    link = service.kueue
+
+    def after_pass(_plan: Plan) -> None:
+        if link is not None:
+            link.after_pass(service.cache.snapshot())
+
+    service.controller.run(stop, on_pass=after_pass)
     diagnosis.join(timeout=5)

@@ -2,9 +2,11 @@
 
 - ``run``: assign tiers and drain unstable nodes (leader-elected; ``--dry-run`` changes nothing);
 - ``report``: the pool review as a table, ``--json`` or a self-contained ``--html`` page;
-- ``reset-breaker``: close the circuit breaker after an operator has looked at the cause;
 - ``why-pending``: why each pending GPU pod waits, and the smallest change that unblocks it;
-- ``simulate``: one pass of the service over a cluster file, without any cluster.
+- ``simulate``: one pass of the service over a cluster file, without any cluster;
+- ``reset-breaker``: close the circuit breaker after an operator has looked at the cause;
+- ``quota render|check|flavors``: the quota policy as Kueue objects, checked against the
+  cluster's healthy capacity; the tiers' ResourceFlavors.
 """
 
 from __future__ import annotations
@@ -20,13 +22,22 @@ from typing import Annotated, Any
 import typer
 
 from nodeagent.agent.mig_planning import plan_for_diagnosis
-from nodeagent.cli.common import EXIT_OK, JsonOption, emit_json, fail, fail_config, print_table
+from nodeagent.cli.common import (
+    EXIT_DRIFT,
+    EXIT_OK,
+    EXIT_USAGE,
+    JsonOption,
+    emit_json,
+    fail,
+    fail_config,
+    print_table,
+)
 from nodeagent.config.errors import ConfigError
 
 app = typer.Typer(
     name="tiering",
     help="Node tiers from capabilities and health; safe drains of unstable nodes; why GPU "
-    "workloads are pending; pool review.",
+    "workloads are pending; team quotas on Kueue; pool review.",
     no_args_is_help=True,
 )
 
@@ -76,6 +87,17 @@ PolicyOption = Annotated[
 ]
 
 
+QuotaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--quota",
+        envvar="NODEAGENT_TIERING_QUOTA",
+        help="Quota policy file (version: v1): tier flavor settings, teams and their quota.",
+        show_default=False,
+    ),
+]
+
+
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
     from nodeagent_tiering.kube import Kube, api_client
 
@@ -96,6 +118,34 @@ def _policy(path: Path) -> Any:
         return load_policy(path)
     except ConfigError as exc:
         fail_config(exc, f"fix the tier policy file {path} (see docs/tiering.md)")
+
+
+def _flavors(policy: Any, quota: Any) -> Any:
+    """The tiers' desired flavors (the tier policy's tiers, else the quota policy's), or exit 2
+    when two tiers would share a flavor name."""
+    from nodeagent_tiering.kueue_sync import service_flavors
+    from nodeagent_tiering.quota import flavors_of
+
+    try:
+        if policy is not None:
+            return service_flavors(policy, quota)
+        return flavors_of(quota) if quota is not None else []
+    except ValueError as exc:
+        fail(str(exc), "rename the tiers, or set flavor_prefix in the quota policy")
+
+
+def _quota(path: Path, tier_policy: Any = None) -> Any:
+    """The quota policy, checked against the tier policy's tiers when one is given."""
+    from nodeagent_tiering.quota import QuotaPolicyError, load_quota_policy
+
+    tiers = [t.name for t in tier_policy.tiers] if tier_policy is not None else None
+    try:
+        return load_quota_policy(path, tiers=tiers)
+    except QuotaPolicyError as exc:
+        for line in str(exc).splitlines():
+            sys.stderr.write(f"error: {line}\n")
+        sys.stderr.write(f"hint: fix the quota policy {path} (see docs/tiering.md, Quotas)\n")
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 @app.command("run")
@@ -136,6 +186,15 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    quota_file: QuotaOption = None,
+    kueue: Annotated[
+        bool,
+        typer.Option(
+            "--kueue/--no-kueue",
+            envvar="NODEAGENT_TIERING_KUEUE",
+            help="Keep the tiers as Kueue ResourceFlavors when the cluster serves Kueue.",
+        ),
+    ] = True,
 ) -> None:
     """Assign tiers and drain unstable nodes within the disruption budget."""
     from nodeagent_tiering import service as tiering
@@ -145,6 +204,9 @@ def run_command(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     policy = _policy(policy_file)
+    quota = _quota(quota_file, policy) if quota_file is not None else None
+    if kueue:
+        _flavors(policy, quota)  # names valid, before anything starts
     api, _ = _client(server, kubeconfig, in_cluster)
     service = tiering.build(
         api,
@@ -154,6 +216,8 @@ def run_command(
         identity=identity or socket.gethostname(),
         dry_run=dry_run,
         planner=plan_for_diagnosis,
+        kueue=kueue,
+        quota=quota,
     )
     if once:
         try:
@@ -167,6 +231,11 @@ def run_command(
             )
         for line in service.controller.dry_log.lines:
             sys.stdout.write(f"would {line}\n")
+        if dry_run and service.kueue is not None and service.kueue.api is not None:
+            from nodeagent_tiering.quota import render_yaml
+
+            sys.stdout.write("# the ResourceFlavors the service keeps:\n")
+            sys.stdout.write(render_yaml(service.kueue.objects()))
         if not dry_run:
             sys.stdout.write(f"{len(result.actions)} actions\n")
         raise typer.Exit(EXIT_OK)
@@ -190,12 +259,14 @@ def report_command(
             show_default=False,
         ),
     ] = None,
+    quota_file: QuotaOption = None,
     prometheus: Annotated[
         str | None,
         typer.Option(
             "--prometheus",
             envvar="NODEAGENT_TIERING_PROMETHEUS",
-            help="Prometheus URL for fragmentation and stranded capacity (else node annotations).",
+            help="Prometheus URL: fragmentation, stranded capacity, GPU utilisation and memory "
+            "per team (else node annotations, and no utilisation).",
             show_default=False,
         ),
     ] = None,
@@ -203,9 +274,21 @@ def report_command(
         str,
         typer.Option("--node-label", help="Prometheus target label that names the node."),
     ] = "node",
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="The review's period: 30d, 12h, 90m (default: --period-days).",
+            show_default=False,
+        ),
+    ] = None,
     period_days: Annotated[
-        float, typer.Option("--period-days", help="Count drains over this many days.")
+        float, typer.Option("--period-days", help="The review's period in days.")
     ] = 30.0,
+    prometheus_step: Annotated[
+        str,
+        typer.Option("--prometheus-step", help="Resolution of the utilisation averages."),
+    ] = "5m",
     as_json: JsonOption = False,
     html_file: Annotated[
         Path | None,
@@ -216,7 +299,8 @@ def report_command(
     in_cluster: InClusterOption = False,
     namespace: NamespaceOption = "nodeagent",
 ) -> None:
-    """The pool review per tier: health, drift, MIG layouts, fragmentation, drains."""
+    """The pool review: per tier health, drift, MIG layouts, fragmentation, drains; per tier
+    and team quota, queue waits, utilisation and failures, and what to change."""
     from nodeagent_tiering.kube import KubeError
     from nodeagent_tiering.nodes import NodeView
     from nodeagent_tiering.report import (
@@ -227,28 +311,58 @@ def report_command(
         render_html,
         table_rows,
     )
+    from nodeagent_tiering.review_quota import (
+        build_section,
+        gc_paused,
+        parse_duration,
+        query_usage,
+        read_inputs,
+    )
 
+    try:
+        period_s = parse_duration(since) if since is not None else period_days * 86400
+        step_s = parse_duration(prometheus_step)
+    except ValueError as exc:
+        fail(str(exc), "durations look like 30d, 12h, 90m or 45s")
     policy = _policy(policy_file) if policy_file else None
+    quota = _quota(quota_file, policy) if quota_file else None
+    flavors = _flavors(policy, quota)
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api)
-    try:
-        nodes = [NodeView.from_object(o) for o in kube.list_nodes().get("items") or []]
-        events = kube.list_events()
-        values = query_prometheus(prometheus, node_label) if prometheus else None
-    except KubeError as exc:
-        fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
-    except ReportError as exc:
-        fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
     now = time.time()
-    review = build_review(
-        nodes,
-        events,
-        policy=policy,
-        now_s=now,
-        period_s=period_days * 86400,
-        prometheus=values,
-    )
-    review.sections.append(_fragmentation(kube, namespace, policy, now, period_days * 86400))
+    with gc_paused():  # the reads and the build make millions of objects
+        try:
+            inputs = read_inputs(kube, now_s=now, period_s=period_s)
+            values = query_prometheus(prometheus, node_label) if prometheus else None
+            usage = (
+                query_usage(prometheus, node_label, period_s=period_s, step_s=step_s)
+                if prometheus
+                else None
+            )
+        except KubeError as exc:
+            fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+        except ReportError as exc:
+            fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
+        review = build_review(
+            [NodeView.from_object(o) for o in inputs.nodes],
+            inputs.events,
+            policy=policy,
+            now_s=now,
+            period_s=period_s,
+            prometheus=values,
+        )
+        review.sections.append(
+            build_section(
+                inputs,
+                policy=quota,
+                flavors=flavors,
+                prometheus=usage,
+                prometheus_source=f"Prometheus {prometheus}"
+                if prometheus
+                else "not queried (no --prometheus)",
+            )
+        )
+    review.sections.append(_fragmentation(kube, namespace, policy, now, period_s))
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:
@@ -257,15 +371,17 @@ def report_command(
             fail(f"cannot write {html_file}: {exc.strerror}", "pick a writable path for --html")
     if as_json:
         emit_json(review.to_json())
-    else:
-        print_table(TABLE_HEADERS, table_rows(review))
-        for section in review.sections:
-            for title, headers, rows in section.tables:
-                sys.stdout.write(f"\n{title}\n")
-                if rows:
-                    print_table(headers, rows)
-                else:
-                    sys.stdout.write("(none)\n")
+        return
+    print_table(TABLE_HEADERS, table_rows(review))
+    for section in review.sections:
+        for table in section.tables():
+            sys.stdout.write(f"\n{table.title}\n")
+            if table.rows:
+                print_table(table.headers, table.rows)
+            else:
+                sys.stdout.write("(none)\n")
+            for note in table.notes:
+                sys.stdout.write(f"{note}\n")
 
 
 @app.command("reset-breaker")
@@ -293,6 +409,216 @@ def reset_breaker_command(
     sys.stdout.write("circuit breaker closed\n")
 
 
+quota_app = typer.Typer(
+    name="quota",
+    help="Team quotas on Kueue: render the policy, check it against the cluster, keep flavors.",
+    no_args_is_help=True,
+)
+app.add_typer(quota_app)
+
+QuotaFileOption = Annotated[
+    Path,
+    typer.Option(
+        "--file",
+        "-f",
+        envvar="NODEAGENT_TIERING_QUOTA",
+        help="Quota policy file (version: v1).",
+    ),
+]
+TierPolicyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        envvar="NODEAGENT_TIERING_POLICY",
+        help="Tier policy: the quota may name only its tiers.",
+        show_default=False,
+    ),
+]
+KueueVersionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kueue-version",
+        help="Kueue API version to write: v1beta2, v1beta1, or auto (ask the cluster). "
+        "Default: what the cluster serves with --apply/--sync, else v1beta2.",
+        show_default=False,
+    ),
+]
+
+
+def _kueue_api(version: str | None, kube: Any | None) -> Any:
+    """The Kueue API to speak: as asked, or discovered from the cluster."""
+    from nodeagent_tiering import kueue
+    from nodeagent_tiering.kube import KubeError
+
+    if version not in (None, "auto") and version not in kueue.VERSIONS:
+        fail(f"--kueue-version {version!r} is not one of auto, {', '.join(kueue.VERSIONS)}", "")
+    if version not in (None, "auto"):
+        return kueue.KueueApi(str(version))
+    if kube is None:
+        return kueue.KueueApi(kueue.VERSIONS[0])
+    try:
+        api = kube.kueue_api()
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+    if api is None:
+        fail(
+            f"the cluster serves no Kueue API ({kueue.GROUP} {' or '.join(kueue.VERSIONS)})",
+            "install Kueue (v0.15 or later serves v1beta2), or render without --apply",
+        )
+    return api
+
+
+@quota_app.command("render")
+def quota_render_command(
+    quota_file: QuotaFileOption,
+    policy_file: TierPolicyOption = None,
+    kueue_version: KueueVersionOption = None,
+    flavors: Annotated[
+        bool,
+        typer.Option(
+            "--flavors/--no-flavors",
+            help="Include the tiers' ResourceFlavors (the tiering service keeps them too).",
+        ),
+    ] = True,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Server-side apply as field manager nodeagent; never overwrite what nodeagent "
+            "does not own.",
+        ),
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option("--prune", help="With --apply: delete nodeagent's queues the policy dropped."),
+    ] = False,
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    in_cluster: InClusterOption = False,
+) -> None:
+    """Print the ClusterQueues, Cohorts, LocalQueues (and flavors) as multi-document YAML, or
+    apply them."""
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.quota import render, render_yaml
+    from nodeagent_tiering.quota_apply import apply_objects
+
+    policy = _policy(policy_file) if policy_file else None
+    quota = _quota(quota_file, policy)
+    kube = None
+    if apply or kueue_version == "auto":
+        api_client, kube_cls = _client(server, kubeconfig, in_cluster)
+        kube = kube_cls(api_client)
+    api = _kueue_api(kueue_version, kube)
+    objects = render(quota, api, include_flavors=flavors)
+    if not apply:
+        sys.stdout.write(render_yaml(objects))
+        raise typer.Exit(EXIT_OK)
+    assert kube is not None  # --apply made the client above
+    try:
+        report = apply_objects(kube, api, objects, prune=prune)
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and the RBAC of this identity")
+    for line in report.lines():
+        sys.stdout.write(f"{line}\n")
+    raise typer.Exit(EXIT_OK if report.ok else EXIT_DRIFT)
+
+
+@quota_app.command("check")
+def quota_check_command(
+    quota_file: QuotaFileOption,
+    policy_file: TierPolicyOption = None,
+    as_json: JsonOption = False,
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    in_cluster: InClusterOption = False,
+) -> None:
+    """Check the quota against the cluster: guarantees the healthy nodes cannot back,
+    over-commitment, missing queues and flavors. Exit 1 when a problem is found."""
+    from nodeagent_tiering import kueue
+    from nodeagent_tiering.backing import Cluster, check
+    from nodeagent_tiering.kube import KubeError
+
+    policy = _policy(policy_file) if policy_file else None
+    quota = _quota(quota_file, policy)
+    api_client, kube_cls = _client(server, kubeconfig, in_cluster)
+    kube = kube_cls(api_client)
+    api = _kueue_api(None, kube)
+    desired = _flavors(policy, quota)
+    try:
+        cluster = Cluster(
+            nodes=kube.list_nodes().get("items") or [],
+            flavors=kube.list_kueue(api, kueue.RESOURCE_FLAVOR),
+            cluster_queues=kube.list_kueue(api, kueue.CLUSTER_QUEUE),
+            local_queues=kube.list_kueue(api, kueue.LOCAL_QUEUE),
+            workloads=kube.list_kueue(api, kueue.WORKLOAD),
+        )
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and the RBAC of this identity")
+    problems = check(quota, desired, cluster)
+    if as_json:
+        emit_json({"problems": [p.to_json() for p in problems]})
+    else:
+        for p in problems:
+            sys.stdout.write(f"{p.line()}\n")
+        if not problems:
+            sys.stdout.write("quota policy backed by the cluster: no problems\n")
+    raise typer.Exit(EXIT_DRIFT if problems else EXIT_OK)
+
+
+@quota_app.command("flavors")
+def quota_flavors_command(
+    policy_file: PolicyOption,
+    quota_file: QuotaOption = None,
+    sync: Annotated[
+        bool,
+        typer.Option("--sync", help="Create, update and delete them once, as the service does."),
+    ] = False,
+    kueue_version: KueueVersionOption = None,
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    in_cluster: InClusterOption = False,
+) -> None:
+    """The tiers' ResourceFlavors: printed (a dry run), or synced once with --sync."""
+    from nodeagent_tiering.flavors import FlavorSync
+    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.quota import render_yaml
+
+    policy = _policy(policy_file)
+    quota = _quota(quota_file, policy) if quota_file else None
+    desired = _flavors(policy, quota)
+    kube = None
+    if sync or kueue_version == "auto":
+        api_client, kube_cls = _client(server, kubeconfig, in_cluster)
+        kube = kube_cls(api_client)
+    api = _kueue_api(kueue_version, kube)
+    if not sync:
+        sys.stdout.write(render_yaml(f.to_object(api) for f in desired))
+        raise typer.Exit(EXIT_OK)
+    assert kube is not None  # --sync made the client above
+    try:
+        report = FlavorSync(kube, api).sync(desired)
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and the RBAC of this identity")
+    lines = [f"ResourceFlavor {n}: created" for n in report.created]
+    lines += [f"ResourceFlavor {n}: updated" for n in report.updated]
+    lines += [f"ResourceFlavor {n}: unchanged" for n in report.unchanged]
+    lines += [f"ResourceFlavor {n}: deleted (no tier wants it)" for n in report.deleted]
+    lines += [
+        f"ResourceFlavor {n}: no tier wants it; kept, ClusterQueues name it ({', '.join(u)})"
+        for n, u in report.kept.items()
+    ]
+    lines += [
+        f"ResourceFlavor {n}: exists and is not managed by nodeagent; left alone"
+        for n in report.foreign
+    ]
+    lines += [f"ResourceFlavor {n}: drifted: {note}" for n, note in report.drifted.items()]
+    lines += report.errors
+    for line in lines:
+        sys.stdout.write(f"{line}\n")
+    bad = report.foreign or report.drifted or report.errors
+    raise typer.Exit(EXIT_DRIFT if bad else EXIT_OK)
+
+
 def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s: float) -> Any:
     """The review's fragmentation section: the service's history plus a live pass."""
     from nodeagent_tiering.history import (
@@ -303,7 +629,7 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
     )
     from nodeagent_tiering.kube import KubeError
     from nodeagent_tiering.pending import Diagnoser, settings_for
-    from nodeagent_tiering.report import Section
+    from nodeagent_tiering.report import TableSection
 
     notes = []
     store = HistoryStore(kube, namespace)
@@ -321,7 +647,7 @@ def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s:
     data = {**section.to_json(), "source": f"ConfigMap {namespace}/{store.name}, live pass"}
     if notes:
         data["note"] = "; ".join(notes)
-    return Section("fragmentation", "Fragmentation", data, tuple(section_tables(section)))
+    return TableSection("fragmentation", "Fragmentation", data, section_tables(section))
 
 
 def _live_view(kube: Any) -> Any:

@@ -7,15 +7,9 @@ and waits for the series to change. With ``CI=true`` it must run: a missing bina
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import socket
-import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -34,81 +28,19 @@ from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.nodes import split_into
 from nodeagent.testing.podresources import FakeKubelet
+from nodeagent.testing.prometheus import PrometheusServer, find_prometheus
 from nodeagent_exporters.component import MetricsExporter, build
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def prometheus_binary() -> str:
-    path = shutil.which("prometheus")
+    path = find_prometheus()
     if path is None:
         if os.environ.get("CI") == "true":
             pytest.fail("prometheus is missing in CI: apt-get install prometheus")
         pytest.skip("prometheus not installed (Debian package prometheus)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Prometheus:
-    """A Prometheus server process with a query helper."""
-
-    def __init__(self, binary: str, workdir: Path, target: str) -> None:
-        self.port = free_port()
-        workdir.mkdir(parents=True, exist_ok=True)
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
-            "scrape_configs:\n  - job_name: nodeagent\n"
-            f"    static_configs:\n      - targets: ['{target}']\n"
-        )
-        self.log = (workdir / "prometheus.log").open("w")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def query(self, expr: str) -> list[dict]:
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
-            {"query": expr}
-        )
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            body = json.load(resp)
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    def wait_for(self, expr: str, check: Callable[[list[dict]], bool], timeout_s: float) -> list:
-        deadline = time.monotonic() + timeout_s
-        last: list[dict] = []
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"prometheus exited with {self.proc.returncode}")
-            try:
-                last = self.query(expr)
-                if check(last):
-                    return last
-            except OSError:
-                pass  # not listening yet
-            time.sleep(0.25)
-        pytest.fail(f"{expr} never satisfied the check; last result {last}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 @pytest.fixture
@@ -172,7 +104,7 @@ def test_prometheus_scrapes_series_and_sees_faults(
     while exporter.server is None or not exporter.ready:
         assert time.monotonic() < deadline, "exporter never became ready"
         time.sleep(0.05)
-    prom = Prometheus(binary, tmp_path / "prom", f"127.0.0.1:{exporter.server.port}")
+    prom = PrometheusServer(binary, tmp_path / "prom", [f"127.0.0.1:{exporter.server.port}"])
     try:
         prom.wait_for('up{job="nodeagent"}', lambda r: r and r[0]["value"][1] == "1", 60)
         gpus = prom.query("nodeagent_gpus")

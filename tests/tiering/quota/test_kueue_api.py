@@ -1,0 +1,60 @@
+"""Which Kueue API version nodeagent speaks, and the quantities and times it reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodeagent_tiering import kueue
+
+
+@pytest.mark.parametrize(
+    ("served", "preferred", "speaks"),
+    [
+        pytest.param(["v1beta1", "v1beta2"], "v1beta2", "v1beta2", id="v0.15 and later"),
+        pytest.param(["v1beta1"], "v1beta1", "v1beta1", id="before v0.15: v1beta1 only"),
+        pytest.param(["v1beta1", "v1beta2"], "v1beta1", "v1beta1", id="preferred wins if known"),
+        pytest.param(["v1beta2", "v1"], "v1", "v1beta2", id="an unknown preferred version"),
+        pytest.param(["v1alpha1"], "v1alpha1", None, id="only versions nodeagent does not know"),
+        pytest.param([], None, None, id="no Kueue"),
+    ],
+)
+def test_the_served_version_nodeagent_speaks(served, preferred, speaks):
+    assert kueue.served_version(served, preferred) == speaks
+
+
+def test_v1beta1_names_the_cohort_field_and_cohort_objects_may_be_missing():
+    old = kueue.KueueApi("v1beta1", frozenset({"clusterqueues", "resourceflavors"}))
+    assert old.cohort_field == "cohort"
+    assert not old.serves(kueue.COHORT)
+    assert kueue.KueueApi("v1beta2").cohort_field == "cohortName"
+    assert kueue.cohort_of({"spec": {"cohort": "a"}}) == kueue.cohort_of(
+        {"spec": {"cohortName": "a"}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "number"),
+    [(8, 8.0), ("8", 8.0), ("500m", 0.5), ("2k", 2000.0), ("1Gi", 2.0**30), ("1.5", 1.5)],
+)
+def test_quantities(value, number):
+    assert kueue.parse_quantity(value) == number
+
+
+@pytest.mark.parametrize("value", ["eight", "", "1Zi", "nan", "inf"])
+def test_what_is_not_a_quantity(value):
+    with pytest.raises(ValueError, match="not a quantity"):
+        kueue.parse_quantity(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "epoch"),
+    [
+        ("2026-01-01T00:00:00Z", 1767225600.0),
+        ("2026-01-01T00:00:00.250000Z", 1767225600.25),
+        ("2026-01-01T01:00:00+01:00", 1767225600.0),
+        ("not a time", None),
+        (None, None),
+    ],
+)
+def test_timestamps(text, epoch):
+    assert kueue.timestamp(text) == epoch

@@ -1,0 +1,187 @@
+"""What the tiering service knows about Kueue's API: the group, the kinds, the served version.
+
+Kueue serves ``kueue.x-k8s.io`` in v1beta1 and, from v0.15, v1beta2 (the storage version from
+v0.16). The two differ, for the objects nodeagent writes, in one field: a ClusterQueue joins its
+cohort with ``spec.cohortName`` in v1beta2 and ``spec.cohort`` in v1beta1. Which version to
+speak is found through discovery (:func:`served_version`), never assumed; a cluster that serves
+neither has no Kueue, and every Kueue feature of the service stays off there.
+
+Quantities and times are parsed here once for every reader (flavor sync, quota check, review).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from nodeagent import labels as lbl
+
+GROUP = "kueue.x-k8s.io"
+VERSIONS = ("v1beta2", "v1beta1")  # what nodeagent can speak, most preferred first
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One Kueue kind as the REST API names it."""
+
+    kind: str
+    plural: str
+    namespaced: bool
+
+
+RESOURCE_FLAVOR = Kind("ResourceFlavor", "resourceflavors", namespaced=False)
+CLUSTER_QUEUE = Kind("ClusterQueue", "clusterqueues", namespaced=False)
+COHORT = Kind("Cohort", "cohorts", namespaced=False)
+LOCAL_QUEUE = Kind("LocalQueue", "localqueues", namespaced=True)
+WORKLOAD = Kind("Workload", "workloads", namespaced=True)
+KINDS = {k.kind: k for k in (RESOURCE_FLAVOR, CLUSTER_QUEUE, COHORT, LOCAL_QUEUE, WORKLOAD)}
+
+
+@dataclass(frozen=True, slots=True)
+class KueueApi:
+    """The Kueue API a cluster serves: the version nodeagent speaks, and which kinds it has.
+
+    ``plurals`` is what discovery lists for that version; Cohort objects, for instance, are
+    served in v1beta1 only from Kueue v0.13 (a cohort named by a ClusterQueue exists without
+    one, so their absence only means nodeagent writes none).
+    """
+
+    version: str
+    plurals: frozenset[str] = frozenset(k.plural for k in KINDS.values())
+
+    @property
+    def api_version(self) -> str:
+        """``kueue.x-k8s.io/<version>``."""
+        return f"{GROUP}/{self.version}"
+
+    def serves(self, kind: Kind) -> bool:
+        """Whether the cluster serves ``kind`` in this version."""
+        return kind.plural in self.plurals
+
+    @property
+    def cohort_field(self) -> str:
+        """The ClusterQueue spec field that names its cohort in this version."""
+        return "cohortName" if self.version == "v1beta2" else "cohort"
+
+
+def served_version(group_versions: Iterable[str], preferred: str | None) -> str | None:
+    """The version to speak, from a discovery answer for ``kueue.x-k8s.io``.
+
+    The group's preferred version when nodeagent speaks it, else the newest it speaks that the
+    group serves; ``None`` when none (no Kueue, or only versions nodeagent does not know).
+    """
+    served = set(group_versions)
+    if preferred in VERSIONS and preferred in served:
+        return preferred
+    return next((v for v in VERSIONS if v in served), None)
+
+
+def managed(obj: Mapping[str, Any]) -> bool:
+    """Whether the object carries nodeagent's managed-by label."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(lbl.MANAGED_BY) == lbl.MANAGED_BY_VALUE)
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity (``4``, ``"4"``, ``"500m"``, ``"2k"``, ``"1Gi"``) as a number.
+
+    GPU counts are plain integers, which take the fast path; anything else goes through the
+    suffix table. A value that is not a quantity raises ValueError.
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if text.isdigit():
+        return float(text)
+    found = next(((sfx, f) for sfx, f in _SUFFIXES if text.endswith(sfx)), None)
+    number, factor = (text[: -len(found[0])], found[1]) if found else (text, Decimal(1))
+    try:
+        result = Decimal(number) * factor
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {value!r}") from None
+    if not result.is_finite():
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(result)
+
+
+_SUFFIXES: tuple[tuple[str, Decimal], ...] = (
+    ("Ki", Decimal(2) ** 10),
+    ("Mi", Decimal(2) ** 20),
+    ("Gi", Decimal(2) ** 30),
+    ("Ti", Decimal(2) ** 40),
+    ("Pi", Decimal(2) ** 50),
+    ("Ei", Decimal(2) ** 60),
+    ("n", Decimal("1e-9")),
+    ("u", Decimal("1e-6")),
+    ("m", Decimal("1e-3")),
+    ("k", Decimal("1e3")),
+    ("M", Decimal("1e6")),
+    ("G", Decimal("1e9")),
+    ("T", Decimal("1e12")),
+    ("P", Decimal("1e15")),
+    ("E", Decimal("1e18")),
+)
+
+
+def quantity_text(value: float) -> str:
+    """A number as the quantity nodeagent writes: an integer when it is one."""
+    if math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return f"{value:g}"
+
+
+def timestamp(text: Any) -> float | None:
+    """A Kubernetes Time or MicroTime (RFC 3339, ``Z`` or an offset) as epoch seconds.
+
+    ``datetime.fromisoformat`` is the C parser: the review reads several timestamps from each of
+    100,000 workloads, where ``strptime`` alone would take seconds.
+    """
+    if not text or not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The status condition of type ``kind``, or ``None``."""
+    for cond in (obj.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == kind:
+            return cond  # type: ignore[no-any-return]
+    return None
+
+
+def flavor_quotas(cq: Mapping[str, Any]) -> Iterable[tuple[str, str, Mapping[str, Any]]]:
+    """Every ``(flavor, resource, quota entry)`` of a ClusterQueue's spec."""
+    for group in (cq.get("spec") or {}).get("resourceGroups") or ():
+        for flavor in group.get("flavors") or ():
+            for res in flavor.get("resources") or ():
+                yield str(flavor.get("name")), str(res.get("name")), res
+
+
+def referenced_flavors(cqs: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Flavor name -> the ClusterQueues whose spec names it."""
+    out: dict[str, list[str]] = {}
+    for cq in cqs:
+        name = str((cq.get("metadata") or {}).get("name"))
+        seen: set[str] = set()
+        for group in (cq.get("spec") or {}).get("resourceGroups") or ():
+            for flavor in group.get("flavors") or ():
+                seen.add(str(flavor.get("name")))
+        for flavor_name in sorted(seen):
+            out.setdefault(flavor_name, []).append(name)
+    return out
+
+
+def cohort_of(cq: Mapping[str, Any]) -> str | None:
+    """The cohort a ClusterQueue joins, in either API version."""
+    spec = cq.get("spec") or {}
+    value = spec.get("cohortName") or spec.get("cohort")
+    return str(value) if value else None
