@@ -340,6 +340,35 @@ _SPECS: tuple[MetricSpec, ...] = (
         "fragmentation",
     ),
     MetricSpec(
+        "nodeagent_mig_layout_applied",
+        G,
+        ("layout", "reason"),
+        "1",
+        "1 when the node holds its pool's MIG layout, 0 when the last round did not apply it; "
+        "reason says why (the first GPU's problem, a bad layout file, another apply holding "
+        "the MIG lock), empty when applied. Absent when the pool names no layout.",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_apply_outcome",
+        G,
+        (*_GPU, "outcome", "reason"),
+        "1",
+        "What the agent's last MIG apply did on a GPU; always 1. outcome is applied, "
+        "unchanged, reset-required, blocked-busy, failed or lost; reason says why the GPU does "
+        "not hold the layout (empty when it does).",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_unrestored_instances",
+        G,
+        _GPU,
+        "1",
+        "Instances the agent's last MIG apply destroyed on a GPU and could not recreate when a "
+        "later step failed (0 after a clean apply or a full rollback).",
+        "mig",
+    ),
+    MetricSpec(
         "nodeagent_free_gpus",
         G,
         (),
@@ -485,6 +514,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         ("version", "python_version"),
         "1",
         "The agent's version; always 1.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_start_time_seconds",
+        G,
+        (),
+        "seconds",
+        "Unix time the agent started. The agent's counters (XIDs, NVML errors, restarts) count "
+        "from here: a restart sets them back to zero.",
         "agent",
     ),
 )

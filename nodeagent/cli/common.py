@@ -46,6 +46,16 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", "-c", envvar="NODEAGENT_CONFIG", help="Agent config file."),
 ]
+MigLockOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mig-lock-file",
+        envvar="NODEAGENT_MIG_LOCK_FILE",
+        help="The node-wide MIG lock every MIG apply takes (default: /run/nodeagent/mig.lock; "
+        "on a simulated node, mig.lock in its state directory).",
+        show_default=False,
+    ),
+]
 AgentStateDirOption = Annotated[
     Path | None,
     typer.Option(

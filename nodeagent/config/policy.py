@@ -59,6 +59,7 @@ class PoolPolicy:
     )  # per-GPU overrides, keyed by GPU index ("3") or UUID
     expected_driver_version: str | None = None  # drift is flagged when the node differs
     request_sizes: tuple[str, ...] = ()  # MIG profiles / "gpu" sizes the pool's jobs ask for
+    mig_partial_apply: bool = False  # apply the layout to the other GPUs while a busy one waits
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""
