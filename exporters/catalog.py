@@ -289,7 +289,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         G,
         ("level",),
         "1",
-        "1 for the node's current stability level, 0 for the others.",
+        "1 for the node's current stability level, 0 for the others (stable, degraded, "
+        "unstable; unknown while the agent has neither a usable history nor a first sample).",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_health_history_errors_total",
+        C,
+        (),
+        "1",
+        "Health-history files found unusable at start and moved aside (history.json."
+        "unusable-TIME) since the agent started; the node then starts from its last published "
+        "status.",
         "health",
     ),
     # --- MIG --------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # One series per clocks-event reason, so alerts can pick the reasons that matter (hw_slowdown,
 # hw_thermal_slowdown, hw_power_brake_slowdown) by label.
 CLOCK_EVENT_REASONS = tuple(ClockEventReason)
-STABILITY_LEVELS = ("stable", "degraded", "unstable")
+STABILITY_LEVELS = ("stable", "degraded", "unstable", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +396,7 @@ class Renderer:
                 view.xid_last_s.get((uuid, code)),
             )
         f.add("nodeagent_node_stability_score", (), view.score)
+        f.add("nodeagent_health_history_errors_total", (), view.history_errors)
         level = str(view.level)
         for candidate in STABILITY_LEVELS:
             f.add("nodeagent_node_stability_level", (candidate,), float(candidate == level))

@@ -36,6 +36,7 @@ class NodeView:
     score: float = 0.0
     xids_total: Mapping[tuple[str, int], int] = field(default_factory=dict)
     xid_last_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    history_errors: int = 0
 
 
 @dataclass
