@@ -81,7 +81,8 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
     then the user's state directory); it is created from the preset when empty.
 
     Raises:
-        InvalidArgument: the preset is unknown (the message lists the presets).
+        InvalidArgument: the preset is unknown (the message lists the presets), or the
+            simulated node's state is corrupt (the message names ``nodeagent sim reset``).
         DriverNotLoaded: no driver and no preset (the message names ``--simulate``).
     """
     preset = simulated_preset(simulate)
@@ -93,8 +94,15 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
             )
         from nodeagent.sim import SimNvml  # imported only when a preset is asked for
         from nodeagent.sim.control import reset_gpu
+        from nodeagent.sim.state import SimStateError
 
         sim = SimNvml(state_dir, preset)
+        try:
+            # Seed or check the node here: the simulated NVML can only answer "no driver" to a
+            # state it cannot read, which would send the operator after --simulate.
+            sim.store.ensure(preset)
+        except SimStateError as exc:
+            raise InvalidArgument(str(exc)) from None
         return GpuNode(sim, reset=lambda index, _bus_id: reset_gpu(sim, index))
     try:
         import pynvml

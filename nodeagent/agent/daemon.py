@@ -19,7 +19,7 @@ from nodeagent.config.loader import ConfigError
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.component import Component, Preparable, Reloadable
-from nodeagent.runtime.lock import LockHeldError, ProcessLock
+from nodeagent.runtime.lock import AGENT_LOCK_FILE, LockHeldError, ProcessLock
 from nodeagent.runtime.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0
 # The lock files that make the agent the only one on its state directory and on the kubelet's
 # device-plugin directory (docs/operations.md, "One agent per node").
-STATE_LOCK = "agent.lock"
+STATE_LOCK = AGENT_LOCK_FILE
 KUBELET_LOCK = "nodeagent.lock"
 # `nodeagent status` probes the state lock for a moment to tell whether an agent runs; an agent
 # starting at that moment waits this long rather than take the probe for a second agent.

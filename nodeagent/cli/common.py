@@ -87,12 +87,17 @@ def fail_config(exc: Exception) -> NoReturn:
 def agent_state_dir(
     explicit: Path | None, simulate: str | None, sim_state: Path | None, config: Path | None
 ) -> Path:
-    """Where a running agent keeps its state, resolved the way ``nodeagent run`` chooses it."""
+    """Where a running agent keeps its state, resolved the way ``nodeagent run`` chooses it.
+
+    A config named with ``-c`` is always read, so a wrong path is an error even where the
+    other options decide the directory.
+    """
+    loaded = load_config_or_exit(config) if config is not None else None
     if explicit is not None:
         return explicit
     if simulate and sim_state is not None:
         return sim_state / "agent"
-    return load_config_or_exit(config).state_dir
+    return (loaded or load_config_or_exit(None)).state_dir
 
 
 def load_config_or_exit(config: Path | None) -> AgentConfig:

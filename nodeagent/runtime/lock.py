@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_S = 0.05  # how often a waiting acquire tries again
+# The lock a running agent holds in its state directory (`nodeagent status` probes it).
+AGENT_LOCK_FILE = "agent.lock"
 
 
 class LockHeldError(Exception):
