@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from nodeagent.agent.backend import open_node, simulated_preset
-from nodeagent.config.loader import ConfigError
-from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.errors import DriverNotLoaded, GpuError
-from nodeagent.gpu.node import GpuNode
+
+if TYPE_CHECKING:
+    from nodeagent.config.schema import AgentConfig
+    from nodeagent.gpu.node import GpuNode
 
 EXIT_OK = 0
 EXIT_DRIFT = 1
@@ -102,6 +103,11 @@ def agent_state_dir(
 
 def load_config_or_exit(config: Path | None) -> AgentConfig:
     """The agent config (file, env, defaults), or exit 2 listing every problem."""
+    # Imported here: the config schema pulls in YAML and every section, which the commands
+    # that never read the agent's config should not pay for at start (bench/cli_startup.py).
+    from nodeagent.config.loader import ConfigError
+    from nodeagent.config.schema import load_agent_config
+
     try:
         return load_agent_config(config)
     except (ConfigError, ValueError) as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -34,31 +34,18 @@ from nodeagent.cli.common import (
     open_node_or_exit,
     print_table,
 )
-from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError, GpuLost
-from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import MigSlot
 from nodeagent.runtime.lock import LockHeldError, ProcessLock
-from nodeagent_mig.apply import (
-    ApplyReport,
-    GpuReport,
-    Prepared,
-    differences,
-    dry_run,
-    execute,
-    prepare,
-)
-from nodeagent_mig.config import (
-    DEFAULT_CONFIG_FILE,
-    GpuTarget,
-    HooksFile,
-    MigConfigError,
-    MigConfigFile,
-    load_config,
-    load_hooks,
-    parse_config,
-    render_config,
-)
+
+if TYPE_CHECKING:
+    from nodeagent.config.schema import AgentConfig
+    from nodeagent.gpu.node import GpuNode
+    from nodeagent_mig.apply import ApplyReport, GpuReport, Prepared
+    from nodeagent_mig.config import HooksFile, MigConfigError, MigConfigFile
+
+# The layout files, the planner and the applier are imported by the commands that use them:
+# `mig show` needs none of them and must start fast (bench/cli_startup.py).
 
 app = typer.Typer(
     help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",
@@ -131,6 +118,8 @@ def _choose(file: Path | None, name: str | None, agent_path: Path | None) -> _Ch
 
     Exits 2 when nothing names a layout, or when a named file is invalid.
     """
+    from nodeagent_mig.config import DEFAULT_CONFIG_FILE, MigConfigError, load_config
+
     agent = load_config_or_exit(agent_path) if agent_path is not None else None
     if file is None and agent is not None:
         file = agent.mig.layout_file
@@ -192,6 +181,9 @@ def _mig_state_dir(
 
 
 def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Prepared:
+    from nodeagent_mig.apply import prepare
+    from nodeagent_mig.config import MigConfigError
+
     try:
         return prepare(node, cfg, name, force=force)
     except MigConfigError as exc:
@@ -331,6 +323,8 @@ def _plan(
     as_json: bool,
 ) -> NoReturn:
     """``plan`` for a resolved layout (also ``apply --dry-run``)."""
+    from nodeagent_mig.apply import dry_run
+
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, force)
     report = dry_run(prepared)
@@ -435,6 +429,8 @@ def apply(
         # A node whose pool leaves MIG alone: the boot unit runs here too and must pass.
         _nothing_to_do(choice, as_json)
     cfg, name = choice.cfg, choice.name
+    from nodeagent_mig.config import MigConfigError, load_hooks
+
     hooks: HooksFile | None = None
     if hooks_file is not None:
         try:
@@ -480,6 +476,8 @@ def _apply_locked(
     mig_state: Path | None,
 ) -> tuple[ApplyReport, dict[int, list[MigSlot]]]:
     """Plan, confirm and execute under the MIG lock; exits before any change when refused."""
+    from nodeagent_mig.apply import execute
+
     prepared = _prepare_or_exit(node, cfg, name, force)
     before = _before(node, [w.index for w in prepared.work])
     blocked = any(w.error is not None for w in prepared.work)
@@ -544,6 +542,8 @@ def assert_(
         _nothing_to_do(choice, as_json)
     cfg, name = choice.cfg, choice.name
     node = open_node_or_exit(simulate, state_dir)
+    from nodeagent_mig.apply import differences
+
     prepared = _prepare_or_exit(node, cfg, name, False)
     diffs = differences(prepared)
     if as_json:
@@ -670,6 +670,8 @@ def export(
     state_dir: StateDirOption = None,
 ) -> None:
     """The current layout as a v1 file that `apply` accepts (applying it changes nothing)."""
+    from nodeagent_mig.config import GpuTarget, parse_config, render_config
+
     node = open_node_or_exit(simulate, state_dir)
     targets = []
     lost: dict[int, str] = {}

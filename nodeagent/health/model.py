@@ -227,6 +227,7 @@ class HealthModel:
         history_path: Path | None = None,
         status_path: Path | None = None,
         clock: Clock = time.time,
+        read_only: bool = False,
     ) -> None:
         self.config = config
         self.policy = XidPolicy(frozenset(config.ignore_xids), frozenset(config.fatal_xids))
@@ -249,6 +250,7 @@ class HealthModel:
         self.snapshots_seen = 0
         self.history_errors = 0
         self.status_path = status_path
+        self.read_only = read_only  # a one-shot look (the CLI): never move or write files
         # Faults restored from disk, kept whatever their age until the first sample decides.
         self._carried: set[tuple[str, int | None, str]] = set()
         self._keys: dict[int, set[str]] = {}  # fault keys per GPU index at the last recompute
@@ -359,7 +361,7 @@ class HealthModel:
         ``final`` (at shutdown) also writes last-seen times that moved less than
         :data:`HISTORY_REFRESH_S` since the previous write.
         """
-        if self.history_path is None:
+        if self.history_path is None or self.read_only:
             return
         with self._lock:
             moved = any(f.last_s != f.saved_last_s for f in self._faults.values())
@@ -417,6 +419,9 @@ class HealthModel:
         self.history_errors += 1
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
         aside = path.with_name(f"{path.name}{UNUSABLE_SUFFIX}{stamp}")
+        if self.read_only:
+            log.error("health history %s is unusable (%s); the agent sets it aside", path, why)
+            return
         try:
             path.rename(aside)
             kept = f"moved to {aside}"
