@@ -122,9 +122,13 @@ class MigReconciler:
         config = self._config
         try:
             cfg = load_config(path)
-        except (MigConfigError, OSError, ValueError) as exc:
-            # ValueError: whatever the loader lets through of a file that is not text.
-            self._fail(layout, f"layout file {path}: {exc}")
+        except MigConfigError as exc:
+            self._fail(layout, f"layout file {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - operator input must not crash-loop the agent
+            # The loader reports a bad file as MigConfigError; anything else it lets through
+            # (a decoding or YAML constructor error) is still a bad file, not a reason to die.
+            self._fail(layout, f"layout file {path}: {type(exc).__name__}: {exc}")
             return
         try:
             report = reconcile(

@@ -388,7 +388,7 @@ class HealthModel:
         """Take the score and the active faults from the history file (see the module doc)."""
         try:
             data = read_json(path)
-            if data is None:
+            if data is None and not path.exists():
                 self._restore_published()  # no history (first start, or it was removed)
                 return
             score, faults = _parse_history(data)
@@ -727,8 +727,11 @@ def _parse_history(data: Any) -> tuple[dict[str, Any], list[Fault]]:
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
             raise ValueError(f"a transition time is {t!r}")
     level = score.get("score_level", "stable")
-    if level not in {lv.value for lv in StabilityLevel if lv is not StabilityLevel.UNKNOWN}:
+    known = {lv.value for lv in StabilityLevel if lv is not StabilityLevel.UNKNOWN}
+    if not isinstance(level, str) or level not in known:
         raise ValueError(f"'score.score_level' is {level!r}")
+    if "flapping" in score and not isinstance(score["flapping"], bool):
+        raise ValueError(f"'score.flapping' is {score['flapping']!r}")
     faults = data.get("faults", [])
     if not isinstance(faults, list):
         raise ValueError("'faults' is not a list")
