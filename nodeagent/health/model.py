@@ -34,6 +34,7 @@ from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.health import HealthSection
+from nodeagent.gpu.inventory import unknown_gpu_id
 from nodeagent.gpu.types import EventKind, GpuEvent, NodeSnapshot
 from nodeagent.health.checks import NODE_WIDE_KEYS, Observation, SnapshotChecks
 from nodeagent.health.score import (
@@ -290,6 +291,7 @@ class HealthModel:
     def on_snapshot(self, snapshot: NodeSnapshot) -> None:
         """Run the snapshot checks, refresh the device list and expire quiet faults."""
         now = self._clock()
+        snapshot = self._known_identities(snapshot)
         observations = self.checks.run(snapshot, now)
         with self._lock:
             self.snapshots_seen += 1
@@ -315,6 +317,24 @@ class HealthModel:
             self._carried.clear()
             changes = self._recompute(now)
         self._deliver(changes)
+
+    def _known_identities(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Give a GPU lost before this process could read its UUID the UUID the history knew.
+
+        Without it, a GPU lost across a restart would be a new device (a stand-in ID, a second
+        incident) while its real one, no longer observed, came back healthy.
+        """
+        with self._lock:
+            known = {g.index: g.uuid for g in self._gpus.values()}
+        if not known or not any(g.info.uuid == unknown_gpu_id(g.info.index) for g in snapshot.gpus):
+            return snapshot
+        gpus = tuple(
+            replace(g, info=replace(g.info, uuid=known[g.info.index]))
+            if g.info.uuid == unknown_gpu_id(g.info.index) and g.info.index in known
+            else g
+            for g in snapshot.gpus
+        )
+        return replace(snapshot, gpus=gpus)
 
     def tick(self) -> None:
         """Expire faults whose hold time passed (called periodically by the component)."""

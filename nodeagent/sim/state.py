@@ -92,9 +92,20 @@ _GPU_KEYS: dict[str, type | tuple[type, ...]] = {
     "index": int,
     "uuid": str,
     "model": str,
+    "serial": str,
+    "bus": int,
+    "minor": int,
+    "numa": (int, type(None)),
+    "nvlinks": list,
     "mig": dict,
-    "faults": dict,
     "instances": list,
+    "faults": dict,
+    "ecc": dict,
+    "remap": dict,
+    "retired": dict,
+    "pcie_replay": int,
+    "nvlink_errors": int,
+    "energy": dict,
 }
 
 
@@ -127,8 +138,8 @@ def check_state(path: Path, state: object) -> State:
 
 def _name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"int": "a number", "str": "text", "list": "a list", "dict": "an object"}
-                       .get(k.__name__, k.__name__) for k in kinds)  # fmt: skip
+    names = {"int": "a number", "str": "text", "list": "a list", "dict": "an object"}
+    return " or ".join(names.get(k.__name__, "null") for k in kinds)
 
 
 def default_state_dir() -> Path:

@@ -251,3 +251,30 @@ def test_every_health_change_is_one_log_line(
     assert "xid 79" in down
     assert "reboot the node" in down
     assert "lost -> healthy" in up
+
+
+def test_a_gpu_lost_across_a_restart_stays_the_same_lost_device(
+    make_rig: MakeRig, tmp_path: Path, sim_state_dir: Path
+) -> None:
+    from nodeagent.agent.backend import open_node
+
+    history, _ = paths(tmp_path)
+    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
+    rig.control.inject("lost", 2)
+    run_for(rig, rig.model, 5)
+    score = rig.model.node_health().score
+    # A new process cannot read the lost GPU's UUID; its model must still know the GPU.
+    node = open_node(simulate="dgx-h100", state_dir=sim_state_dir)
+    try:
+        assert node.snapshot().gpus[2].info.uuid != rig.uuids[2]
+        again = restart(rig, tmp_path)
+        for _ in range(int(QUIET) * 2):
+            rig.clock.advance(1)
+            again.on_snapshot(node.snapshot())
+        health = again.device_health()
+        assert health[rig.uuids[2]].state is H.LOST, "the lost GPU came back healthy"
+        assert {d.gpu_index for d in health.values() if d.state is H.LOST} == {2}
+        assert len([d for d in health.values() if d.gpu_index == 2]) == 1
+        assert again.node_health().score == pytest.approx(score, rel=1e-2), "counted again"
+    finally:
+        node.close()
