@@ -177,3 +177,35 @@ def test_sighup_names_the_changes_that_need_a_restart(
         assert agent.reload()
     assert any("metrics.address" in r.getMessage() for r in caplog.records)
     assert agent.config.sampler.interval_s == 0.2
+
+
+def test_a_bad_layout_file_leaves_the_agent_ready(make_node, tmp_path: Path) -> None:
+    import urllib.request
+
+    bad = tmp_path / "layouts.yaml"
+    bad.write_bytes(b"version: v1\nmig-configs:\n  all-1g\xff: []\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "a.yaml"
+    config.write_text(
+        f"version: v1\nstate_dir: {tmp_path / 'state'}\nsampler: {{interval_s: 0.1}}\n"
+        f"mig: {{layout_file: '{bad}'}}\npools:\n  default: {{mig_layout: all-1g}}\n"
+        f"metrics: {{pod_attribution: false, address: '127.0.0.1:{port}'}}\n"
+        "device_plugin: {enabled: false}\nhealth: {enabled: false}\n"
+    )
+    agent = Agent(
+        load_agent_config(config, environ={}),
+        make_node("dgx-a100"),
+        config_path=config,
+        mig_lock_file=tmp_path / "mig.lock",
+    )
+    agent.start()
+    try:
+        assert agent.wait_ready(20), [c.name for c in agent.components if not c.ready]
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz").status == 200
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        assert 'nodeagent_mig_layout_applied{layout="all-1g"' in body
+        assert agent.restarts["mig-reconciler"] == 0  # reported, not crash-looping
+    finally:
+        agent.shutdown()
