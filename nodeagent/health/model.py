@@ -12,8 +12,9 @@ XIDs, the sampler thread for snapshot checks), so the device plugin hears of an 
 time it takes to run the callbacks; each is logged in one line.
 
 Restarts never shorten a hold (docs/health.md, "Across restarts"): while a fault is observed,
-its ``last`` time is written to the history at least every :data:`HISTORY_REFRESH_S`, and a
-restored fault counts as seen :data:`RESTORE_SLACK_S` after its saved ``last``. Every restored
+its ``last`` time is written to the history at least every :data:`HISTORY_REFRESH_S` (at once,
+from the sample, when it is seen again after a longer gap, as after a restart), and a restored
+fault counts as seen :data:`RESTORE_SLACK_S` after its saved ``last``. Every restored
 fault is *carried* until the first sample: seen again there, it is the same incident (no new
 weight in the score, however long the agent was down); not seen, it then expires by its hold.
 A history that cannot be used is moved aside, and the node starts from the last published
@@ -255,6 +256,7 @@ class HealthModel:
         # Faults restored from disk, kept whatever their age until the first sample decides.
         self._carried: set[tuple[str, int | None, str]] = set()
         self._keys: dict[int, set[str]] = {}  # fault keys per GPU index at the last recompute
+        self._behind = False  # a fault's last sighting is further ahead than the file allows
         # Whether the node's state is known before the first sample (from a history or the
         # published status); a node that knows nothing is "unknown" until it has sampled.
         self._known_at_start = False
@@ -316,6 +318,9 @@ class HealthModel:
             # same incident; one it did not see now expires by its hold like any other.
             self._carried.clear()
             changes = self._recompute(now)
+            behind, self._behind = self._behind, False
+        if behind:
+            self.save()
         self._deliver(changes)
 
     def _known_identities(self, snapshot: NodeSnapshot) -> NodeSnapshot:
@@ -419,9 +424,10 @@ class HealthModel:
         self.score.load_json(score)
         now = self._clock()
         for fault in faults:
+            # What the file holds; the next sighting refreshes it by the usual rule.
+            fault.saved_last_s = fault.last_s
             # The saved last-seen time lags the truth by up to RESTORE_SLACK_S: on doubt, hold.
             fault.last_s = max(fault.last_s, min(fault.last_s + RESTORE_SLACK_S, now))
-            fault.saved_last_s = fault.last_s
             self._carry(fault)
         self._known_at_start = True
         if faults:
@@ -572,6 +578,11 @@ class HealthModel:
         fault.last_s = now
         if now - fault.saved_last_s >= HISTORY_REFRESH_S:
             self.dirty = True  # the hold counts from here: the history must know it
+        if now - fault.saved_last_s > RESTORE_SLACK_S:
+            # Seen again after a gap (first sight after a restart): the file is further behind
+            # than a restore allows for, so it is written before this sample is done, not at
+            # the reporter's next pass, which a crash right now would never reach.
+            self._behind = True
         fault.count += 1
         fault.reason = obs.reason
         fault.hold_s = max(fault.hold_s, hold)

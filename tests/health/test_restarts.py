@@ -278,3 +278,25 @@ def test_a_gpu_lost_across_a_restart_stays_the_same_lost_device(
         assert again.node_health().score == pytest.approx(score, rel=1e-2), "counted again"
     finally:
         node.close()
+
+
+def test_a_kill_right_after_the_first_sample_of_a_restart_keeps_the_hold(
+    make_rig: MakeRig, tmp_path: Path
+) -> None:
+    history, _ = paths(tmp_path)
+    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
+    rig.control.inject("lost", 2)
+    run_for(rig, rig.model, 3)
+    rig.clock.advance(400)  # a long downtime; the GPU stays lost throughout
+    second = restart(rig, tmp_path)
+    second.on_snapshot(rig.node.snapshot())  # seen again; killed before the reporter saves
+    seen_at = rig.clock()
+    third = restart(rig, tmp_path)
+    rig.control.clear(2)
+    rig.clock.advance(QUIET - 1)
+    third.on_snapshot(rig.node.snapshot())
+    assert third.device_health()[rig.uuids[2]].state is H.LOST, "the hold was shortened"
+    rig.clock.advance(2)
+    third.on_snapshot(rig.node.snapshot())
+    assert third.device_health()[rig.uuids[2]].state is H.HEALTHY
+    assert rig.clock() >= seen_at + QUIET
