@@ -127,7 +127,7 @@ def check_state(path: Path, state: object) -> State:
         if not isinstance(gpu, dict):
             raise SimStateCorruptError(path, f"GPU {i} is not an object", preset)
         for key, kind in _GPU_KEYS.items():
-            if not isinstance(gpu.get(key), kind):
+            if key not in gpu or not isinstance(gpu[key], kind):
                 raise SimStateCorruptError(
                     path, f"GPU {i}: {key!r} is missing or not {_name(kind)}", preset
                 )

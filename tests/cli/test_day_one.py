@@ -35,6 +35,7 @@ def base(sim: Path, preset: str = "dgx-a100") -> list[str]:
         pytest.param(lambda text: text[: len(text) // 2], id="truncated"),
         pytest.param(lambda text: '{"schema": 1, "preset": "dgx-a100"}', id="no-gpus"),
         pytest.param(lambda text: text.replace('"gpus":', '"gpuz":'), id="renamed-key"),
+        pytest.param(lambda text: text.replace('"numa":', '"n{ma":'), id="gpu-key-renamed"),
         pytest.param(lambda text: "[]", id="a-list"),
         pytest.param(lambda text: "", id="empty"),
     ],

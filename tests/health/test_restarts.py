@@ -47,6 +47,15 @@ def run_for(rig: Rig, model: HealthModel, seconds: int) -> None:
         model.save()
 
 
+def lost_gpu(make_rig: MakeRig, tmp_path: Path, seconds: int) -> Rig:
+    """A DGX H100 whose GPU 2 has been lost for ``seconds``, its history in ``tmp_path``."""
+    history, _ = paths(tmp_path)
+    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
+    rig.control.inject("lost", 2)
+    run_for(rig, rig.model, seconds)
+    return rig
+
+
 # --- item 6: a restart never shortens a hold -------------------------------------------------
 
 
@@ -54,10 +63,7 @@ def run_for(rig: Rig, model: HealthModel, seconds: int) -> None:
 def test_a_restart_after_the_fault_cleared_keeps_the_whole_quiet_period(
     make_rig: MakeRig, tmp_path: Path, clean_stop: bool
 ) -> None:
-    history, _ = paths(tmp_path)
-    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
-    rig.control.inject("lost", 2)
-    run_for(rig, rig.model, 15)  # lost for 15 s
+    rig = lost_gpu(make_rig, tmp_path, 15)
     rig.control.clear(2)
     cleared_at = rig.clock()
     run_for(rig, rig.model, 3)
@@ -258,10 +264,7 @@ def test_a_gpu_lost_across_a_restart_stays_the_same_lost_device(
 ) -> None:
     from nodeagent.agent.backend import open_node
 
-    history, _ = paths(tmp_path)
-    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
-    rig.control.inject("lost", 2)
-    run_for(rig, rig.model, 5)
+    rig = lost_gpu(make_rig, tmp_path, 5)
     score = rig.model.node_health().score
     # A new process cannot read the lost GPU's UUID; its model must still know the GPU.
     node = open_node(simulate="dgx-h100", state_dir=sim_state_dir)
@@ -283,10 +286,7 @@ def test_a_gpu_lost_across_a_restart_stays_the_same_lost_device(
 def test_a_kill_right_after_the_first_sample_of_a_restart_keeps_the_hold(
     make_rig: MakeRig, tmp_path: Path
 ) -> None:
-    history, _ = paths(tmp_path)
-    rig = make_rig("dgx-h100", history=history, recovery_quiet_s=QUIET)
-    rig.control.inject("lost", 2)
-    run_for(rig, rig.model, 3)
+    rig = lost_gpu(make_rig, tmp_path, 3)
     rig.clock.advance(400)  # a long downtime; the GPU stays lost throughout
     second = restart(rig, tmp_path)
     second.on_snapshot(rig.node.snapshot())  # seen again; killed before the reporter saves
