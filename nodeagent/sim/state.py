@@ -16,12 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.sim import presets
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 STATE_FILE = "state.json"
 LOCK_FILE = "state.json.lock"
@@ -186,7 +187,7 @@ class StateStore:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / STATE_FILE
         self.clock = clock
-        self._lock = FileLock(str(self.state_dir / LOCK_FILE))
+        self._file_lock: FileLock | None = None
         self._mutex = threading.RLock()
         self._cached: State | None = None
         self._stamp: tuple[int, int, int] | None = None
@@ -194,6 +195,15 @@ class StateStore:
         self._seen_writes = 0  # _LOCAL_WRITES[path] when the cache was last checked
         self._key = os.path.abspath(self.path)
         self._swept = False
+
+    @property
+    def _lock(self) -> FileLock:
+        """The writers' lock, made on first use: a command that only reads never imports it."""
+        if self._file_lock is None:
+            from filelock import FileLock
+
+            self._file_lock = FileLock(str(self.state_dir / LOCK_FILE))
+        return self._file_lock
 
     # --- reading ------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -280,7 +290,7 @@ class StateStore:
         a temporary file seen here belongs to no write in progress.
         """
         self._swept = True
-        if not self.state_dir.is_dir():
+        if not self.state_dir.is_dir() or not any(self.state_dir.glob(f".{STATE_FILE}.*.tmp")):
             return
         with self._lock:
             for leftover in self.state_dir.glob(f".{STATE_FILE}.*.tmp"):
