@@ -482,13 +482,21 @@ def _apply_locked(
     before = _before(node, [w.index for w in prepared.work])
     blocked = any(w.error is not None for w in prepared.work)
     if not yes and not (blocked and not partial):
-        # Decide before changing anything: destroying instances and changing MIG modes (which
-        # may leave GPUs pending a reset) both need the go-ahead; creating alone does not.
-        changes = prepared.mode_changes + prepared.destroys
-        if changes:
-            _confirm_or_exit(prepared)
+        # Decide before changing anything: destroying instances needs the go-ahead, and so does
+        # a MIG mode change without --allow-reset, which may leave GPUs pending a reset (a
+        # half-made change); creating instances alone does not.
+        modes = [] if allow_reset else prepared.mode_changes
+        if modes or prepared.destroys:
+            _confirm_or_exit(modes, prepared.destroys)
     simulated = simulated_preset(simulate) is not None
     state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(
+            f"MIG state directory {state} cannot be created: {exc.strerror}; nothing was changed",
+            "point --mig-state-dir (env NODEAGENT_MIG_STATE_DIR) at a writable directory",
+        )
     try:
         report = execute(
             node,
@@ -505,9 +513,8 @@ def _apply_locked(
     return report, before
 
 
-def _confirm_or_exit(prepared: Prepared) -> None:
+def _confirm_or_exit(modes: list[str], doomed: list[str]) -> None:
     """Ask before a change that destroys instances or changes MIG modes; exit 2 on no."""
-    modes, doomed = prepared.mode_changes, prepared.destroys
     what = []
     if doomed:
         what.append(f"destroys {len(doomed)} instance(s)")

@@ -161,3 +161,17 @@ def test_the_agents_allow_reset_setting_does_not_reach_mig_apply(tmp_path: Path)
     assert pending(sim) == [True] * 8, "a GPU was reset without --allow-reset"
     again = run("mig", "apply", "-c", "all-1g", "--yes", "--allow-reset", *base(sim))
     assert again.exit_code == 0, again.output
+
+
+def test_an_unusable_mig_state_dir_is_one_line_before_any_change(tmp_path: Path) -> None:
+    sim = tmp_path / "sim"
+    (tmp_path / "file").write_text("x")
+    result = run(
+        "mig", "apply", "-c", "all-1g", "--yes", "--allow-reset",
+        "--mig-state-dir", str(tmp_path / "file" / "mig"), *base(sim),
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert "nothing was changed" in result.stderr
+    assert pending(sim) == [False] * 8
+    assert not any(g["mig_enabled"] for g in json.loads(run("gpus", "--json", *base(sim)).stdout))
