@@ -147,11 +147,12 @@ class MigReconciler:
         self.last_error = None
         self._logged = None
         self._log_outcomes(layout, report)
-        reason = "" if report.ok else _short(next(iter(report.summaries()), ""))
-        for g in report.gpus:
-            if g.outcome not in (APPLIED, UNCHANGED) or g.held_back:
-                reason = _short(g.summary())
-                break
+        # Why the layout does not hold, in one line: the first GPU with a problem of its own,
+        # else a node-wide problem (a hook), else a GPU the apply held back.
+        troubled = [g.summary() for g in report.gpus if g.outcome not in (APPLIED, UNCHANGED)]
+        held = [g.summary() for g in report.gpus if g.held_back]
+        reasons = [*troubled, *report.errors, *held]
+        reason = "" if report.ok or not reasons else _short(reasons[0])
         self._status = MigLayoutStatus(
             layout,
             report.ok,

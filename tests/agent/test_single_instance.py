@@ -15,6 +15,7 @@ import pytest
 
 from nodeagent.agent.daemon import Agent, restart_needed
 from nodeagent.config.schema import load_agent_config
+from nodeagent.testing.waiting import wait_until
 
 TIMEOUT_S = 30  # a second agent that does not exit is the bug: the test must not hang on it
 
@@ -204,8 +205,13 @@ def test_a_bad_layout_file_leaves_the_agent_ready(make_node, tmp_path: Path) -> 
     try:
         assert agent.wait_ready(20), [c.name for c in agent.components if not c.ready]
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz").status == 200
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-        assert 'nodeagent_mig_layout_applied{layout="all-1g"' in body
+        series = 'nodeagent_mig_layout_applied{layout="all-1g"'
+
+        def exported() -> bool:  # rendered with the next snapshot after the reconciler's round
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            return series in metrics
+
+        assert wait_until(exported, 10.0)
         assert agent.restarts["mig-reconciler"] == 0  # reported, not crash-looping
     finally:
         agent.shutdown()

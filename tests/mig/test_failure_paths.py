@@ -182,7 +182,7 @@ def test_the_reconciler_reports_per_gpu_in_short_lines_and_a_metric_status(
     status = reconciler.status()
     assert status is not None
     assert not status.applied
-    assert "GPU 7" in status.reason
+    assert status.reason.startswith("GPU 7: blocked-busy"), status.reason
     assert {g.gpu: g.outcome for g in status.gpus}[7] == "blocked-busy"
     messages = [r.getMessage() for r in caplog.records]
     assert messages, "the blocked apply was not logged"
