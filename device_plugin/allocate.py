@@ -27,6 +27,15 @@ VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 # Control devices every CUDA container needs; nvidiactl is always passed, the others if present.
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# How many offending IDs an error names: a request with 100,000 unknown IDs must not become a
+# megabyte of details (gRPC turns that into RESOURCE_EXHAUSTED) nor a megabyte log line.
+MAX_IDS_SHOWN = 10
+
+
+def id_list(ids: Sequence[str], limit: int = MAX_IDS_SHOWN) -> str:
+    """``a, b, c`` or, past ``limit``, the first ``limit`` and ``(and N more)``."""
+    shown = ", ".join(ids[:limit])
+    return shown if len(ids) <= limit else f"{shown} (and {len(ids) - limit} more)"
 
 
 class AllocationError(Exception):
@@ -60,18 +69,20 @@ def validate(
     if duplicates:
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{resource}: duplicate device IDs in one container: {', '.join(duplicates)}",
+            f"{resource}: duplicate device IDs in one container: {id_list(duplicates)}",
         )
     unknown = [i for i in ids if i not in devices]
     if unknown:
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{resource}: unknown device IDs: {', '.join(unknown)}",
+            f"{resource}: {len(unknown)} unknown device ID(s): {id_list(unknown)}",
         )
     chosen = [devices[i] for i in ids]
     sick = [(d.id, reason) for d in chosen if (reason := unhealthy(d)) is not None]
     if sick:
-        detail = "; ".join(f"{i} ({reason})" for i, reason in sick)
+        detail = "; ".join(f"{i} ({reason})" for i, reason in sick[:MAX_IDS_SHOWN])
+        if len(sick) > MAX_IDS_SHOWN:
+            detail += f" (and {len(sick) - MAX_IDS_SHOWN} more)"
         raise AllocationError(
             grpc.StatusCode.FAILED_PRECONDITION, f"{resource}: unhealthy devices: {detail}"
         )
@@ -80,14 +91,46 @@ def validate(
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"request for '{resource}: {len(chosen)}' too large: maximum request size for "
-            f"shared resources is 1 (shared devices: {', '.join(strict)})",
+            f"shared resources is 1 (shared devices: {id_list(strict)})",
         )
     mps_gpus = sorted({d.gpu_uuid for d in chosen if d.sharing.mode is SharingMode.MPS})
     if mps_gpus and (len(mps_gpus) > 1 or len({d.gpu_uuid for d in chosen}) > 1):
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{resource}: devices {', '.join(ids)} span several GPUs including MPS GPU(s) "
-            f"{', '.join(mps_gpus)}; a container can reach only one MPS daemon",
+            f"{resource}: devices {id_list(ids)} span several GPUs including MPS GPU(s) "
+            f"{id_list(mps_gpus)}; a container can reach only one MPS daemon",
+        )
+    return chosen
+
+
+def validate_request(
+    resource: str,
+    devices: Mapping[str, PluginDevice],
+    containers: Sequence[Sequence[str]],
+    unhealthy: Callable[[PluginDevice], str | None],
+) -> list[list[PluginDevice]]:
+    """Every container's devices (:func:`validate`), and no device in two containers.
+
+    The kubelet never hands one device to two containers of a pod; a request that does would
+    give two containers the same exclusive GPU (or MIG device, or replica).
+
+    Raises:
+        AllocationError: a container's IDs are invalid, or an ID is in several containers.
+    """
+    chosen = [validate(resource, devices, list(ids), unhealthy) for ids in containers]
+    owners: dict[str, int] = {}
+    shared: list[str] = []
+    for n, container in enumerate(chosen):
+        for d in container:
+            # An exclusive GPU is one device whatever ID names it; replicas are distinct.
+            key = d.id if d.shared else d.uuid
+            if owners.setdefault(key, n) != n and d.id not in shared:
+                shared.append(d.id)
+    if shared:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{resource}: device(s) requested by more than one container of the pod: "
+            f"{id_list(shared)}",
         )
     return chosen
 

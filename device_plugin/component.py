@@ -16,6 +16,9 @@ from nodeagent_device_plugin.resources import ResourceError
 log = logging.getLogger(__name__)
 
 NAME = "device-plugin"
+# In the agent's state directory: the devices withheld from the kubelet and since when they are
+# clear, so a restart does not shorten their quiet period.
+STATE_FILE = Path("device-plugin") / "withheld.json"
 
 
 def device_layout(snapshot: NodeSnapshot) -> tuple[object, ...]:
@@ -93,7 +96,13 @@ class DevicePluginComponent:
         if snapshot is None:
             return
         config = self.config
-        manager = PluginManager(self.directory, config.device_plugin, config.pool, self.health)
+        manager = PluginManager(
+            self.directory,
+            config.device_plugin,
+            config.pool,
+            self.health,
+            state_file=config.state_dir / STATE_FILE,
+        )
         try:
             manager.start(snapshot)
         except ResourceError as exc:

@@ -60,6 +60,8 @@ class PluginManager:
         section: DevicePluginSection,
         pool: PoolPolicy,
         health: HealthSource | None,
+        *,
+        state_file: Path | None = None,
     ) -> None:
         self.directory = directory
         self.section = section
@@ -69,7 +71,9 @@ class PluginManager:
         self.registrations: dict[str, _Registration] = {}
         self.registration_count = 0  # successful Register calls (for status and tests)
         self._kubelet_identity: tuple[int, int, int] | None = None
-        self.health = HealthTracker(section.health_recovery_quiet_s, self.refresh)
+        self.health = HealthTracker(
+            section.health_recovery_quiet_s, self.refresh, state_file=state_file
+        )
         self.mps = MpsSupervisor(section.mps, self.refresh)
         self._table = ScoreTable({})
         self._health_source = health

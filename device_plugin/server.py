@@ -15,7 +15,13 @@ import grpc
 
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from nodeagent_device_plugin.allocate import AllocationError, MpsPaths, container_response, validate
+from nodeagent_device_plugin.allocate import (
+    AllocationError,
+    MpsPaths,
+    container_response,
+    id_list,
+    validate_request,
+)
 from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus, preferred_replicas
 from nodeagent_device_plugin.resources import PluginDevice, Resource
 
@@ -156,10 +162,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             must = list(req.must_include_deviceIDs)
             unknown = [i for i in (*available, *must) if i not in devices]
             if unknown:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{self._resource.name}: unknown device IDs: {', '.join(unknown)}",
+                message = (
+                    f"{self._resource.name}: {len(unknown)} unknown device ID(s): "
+                    f"{id_list(unknown)}"
                 )
+                log.warning("GetPreferredAllocation refused: %s", message)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             try:
                 chosen = self._prefer(devices, available, must, req.allocation_size)
             except ValueError as exc:
@@ -186,17 +194,19 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         """Check every container's IDs and return its runtime instructions."""
         response = api_pb2.AllocateResponse()
-        devices = self._devices
-        for req in request.container_requests:
-            try:
-                chosen = validate(
-                    self._resource.name, devices, list(req.devices_ids), self.ctx.unhealthy
-                )
-            except AllocationError as exc:
-                log.warning("Allocate refused: %s", exc.message)
-                context.abort(exc.code, exc.message)
+        try:
+            chosen = validate_request(
+                self._resource.name,
+                self._devices,
+                [list(req.devices_ids) for req in request.container_requests],
+                self.ctx.unhealthy,
+            )
+        except AllocationError as exc:
+            log.warning("Allocate refused: %s", exc.message)
+            context.abort(exc.code, exc.message)
+        for devices in chosen:
             response.container_responses.append(
-                container_response(chosen, self.ctx.section, self.ctx.mps_paths)
+                container_response(devices, self.ctx.section, self.ctx.mps_paths)
             )
         return response
 

@@ -305,7 +305,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         G,
         ("level",),
         "1",
-        "1 for the node's current stability level, 0 for the others.",
+        "1 for the node's current stability level, 0 for the others (stable, degraded, "
+        "unstable; unknown while the agent has neither a usable history nor a first sample).",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_health_history_errors_total",
+        C,
+        (),
+        "1",
+        "Health-history files found unusable at start and moved aside (history.json."
+        "unusable-TIME) since the agent started; the node then starts from its last published "
+        "status.",
         "health",
     ),
     # --- MIG --------------------------------------------------------------------------------
@@ -354,6 +365,35 @@ _SPECS: tuple[MetricSpec, ...] = (
         "Share of usable free slices the largest still-creatable profile cannot use "
         "(0 = unfragmented).",
         "fragmentation",
+    ),
+    MetricSpec(
+        "nodeagent_mig_layout_applied",
+        G,
+        ("layout", "reason"),
+        "1",
+        "1 when the node holds its pool's MIG layout, 0 when the last round did not apply it; "
+        "reason says why (the first GPU's problem, a bad layout file, another apply holding "
+        "the MIG lock), empty when applied. Absent when the pool names no layout.",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_apply_outcome",
+        G,
+        (*_GPU, "outcome", "reason"),
+        "1",
+        "What the agent's last MIG apply did on a GPU; always 1. outcome is applied, "
+        "unchanged, reset-required, blocked-busy, failed or lost; reason says why the GPU does "
+        "not hold the layout (empty when it does).",
+        "mig",
+    ),
+    MetricSpec(
+        "nodeagent_mig_unrestored_instances",
+        G,
+        _GPU,
+        "1",
+        "Instances the agent's last MIG apply destroyed on a GPU and could not recreate when a "
+        "later step failed (0 after a clean apply or a full rollback).",
+        "mig",
     ),
     MetricSpec(
         "nodeagent_free_gpus",
@@ -501,6 +541,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         ("version", "python_version"),
         "1",
         "The agent's version; always 1.",
+        "agent",
+    ),
+    MetricSpec(
+        "nodeagent_start_time_seconds",
+        G,
+        (),
+        "seconds",
+        "Unix time the agent started. The agent's counters (XIDs, NVML errors, restarts) count "
+        "from here: a restart sets them back to zero.",
         "agent",
     ),
 )

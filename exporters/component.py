@@ -10,6 +10,7 @@ from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
 from nodeagent.runtime.devices import PublishedDevices
 from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.render import Rendered, Renderer, Sources
@@ -39,6 +40,8 @@ class MetricsExporter:
         ready_check: Callable[[], bool] | None = None,
         live_check: Callable[[], bool] | None = None,
         poller: PodResourcesPoller | None = None,
+        mig_status: Callable[[], MigLayoutStatus | None] | None = None,
+        started_at_s: float | None = None,
     ) -> None:
         self.config = config
         self.snapshots = snapshots
@@ -59,10 +62,13 @@ class MetricsExporter:
                 advertised=self._advertised,
                 restarts=restarts if restarts is not None else {},
                 pool=lambda: self.config.node.pool,
+                mig=mig_status or (lambda: None),
+                started_at_s=started_at_s,
             )
         )
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
+        self._prepared: MetricsServer | None = None
         self._wake = threading.Event()
 
     def reload(self, config: AgentConfig) -> None:
@@ -109,6 +115,28 @@ class MetricsExporter:
         self.latest = self.renderer.render(snapshot, generation)
         return self.latest
 
+    def _server(self) -> MetricsServer:
+        return MetricsServer(
+            self.address,
+            lambda: self.latest,
+            self.ready_check,
+            live_check=self.live_check,
+            tls=self.tls,
+        )
+
+    def prepare(self) -> None:
+        """Bind the metrics port before the agent starts anything (OSError when it is taken)."""
+        if self._prepared is None:
+            server = self._server()
+            server.start()
+            self._prepared = server
+
+    def unprepare(self) -> None:
+        """Close the port :meth:`prepare` bound, when the start is abandoned."""
+        if self._prepared is not None:
+            self._prepared.stop()
+            self._prepared = None
+
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop``; the HTTP server and the poller stop with it."""
         unsubscribe = self.snapshots.subscribe(lambda _snapshot: self._wake.set())
@@ -122,14 +150,11 @@ class MetricsExporter:
                 daemon=True,
             )
             poller_thread.start()
-        server = MetricsServer(
-            self.address,
-            lambda: self.latest,
-            self.ready_check,
-            live_check=self.live_check,
-            tls=self.tls,
-        )
-        server.start()
+        # The port bound by prepare() at start; after a crash and restart, bound again here.
+        server, self._prepared = self._prepared, None
+        if server is None:
+            server = self._server()
+            server.start()
         self.server = server
         try:
             self.render_latest()
@@ -168,6 +193,8 @@ def build(
     restarts: Mapping[str, int] | None = None,
     ready_check: Callable[[], bool] | None = None,
     live_check: Callable[[], bool] | None = None,
+    mig_status: Callable[[], MigLayoutStatus | None] | None = None,
+    started_at_s: float | None = None,
 ) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
     cfg = config.metrics
@@ -185,6 +212,8 @@ def build(
         ready_check=ready_check,
         live_check=live_check,
         poller=poller,
+        mig_status=mig_status,
+        started_at_s=started_at_s,
     )
 
 

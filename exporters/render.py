@@ -22,6 +22,7 @@ from nodeagent import capacity
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
+from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent_exporters.catalog import Kind, spec
 from nodeagent_exporters.podresources import Allocations
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 # One series per clocks-event reason, so alerts can pick the reasons that matter (hw_slowdown,
 # hw_thermal_slowdown, hw_power_brake_slowdown) by label.
 CLOCK_EVENT_REASONS = tuple(ClockEventReason)
-STABILITY_LEVELS = ("stable", "degraded", "unstable")
+STABILITY_LEVELS = ("stable", "degraded", "unstable", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +175,9 @@ class Sources:
     advertised: Callable[[], Mapping[str, Mapping[str, bool]] | None] = lambda: None
     restarts: Mapping[str, int] = field(default_factory=dict)
     pool: Callable[[], str] = lambda: "default"
+    # The MIG reconciler's last round; None when the agent manages no layout.
+    mig: Callable[[], MigLayoutStatus | None] = lambda: None
+    started_at_s: float | None = None  # when the agent started (counters restart then)
 
 
 class Renderer:
@@ -239,6 +243,7 @@ class Renderer:
         stranded_gpus = capacity.stranded_gpus(components, policy.request_sizes)
         f.add("nodeagent_stranded_gpus", (), stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
+        self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
         self._agent(f, snap)
         return NodeCapacity(
@@ -392,9 +397,22 @@ class Renderer:
                 view.xid_last_s.get((uuid, code)),
             )
         f.add("nodeagent_node_stability_score", (), view.score)
+        f.add("nodeagent_health_history_errors_total", (), view.history_errors)
         level = str(view.level)
         for candidate in STABILITY_LEVELS:
             f.add("nodeagent_node_stability_level", (candidate,), float(candidate == level))
+
+    @staticmethod
+    def _mig_layout(f: _Families, snap: NodeSnapshot, status: MigLayoutStatus | None) -> None:
+        """Whether the pool's MIG layout holds and, per GPU, what its last apply did."""
+        if status is None:
+            return
+        f.add("nodeagent_mig_layout_applied", (status.layout, status.reason), float(status.applied))
+        uuids = {g.info.index: g.info.uuid for g in snap.gpus}
+        for g in status.gpus:
+            ids = (str(g.gpu), uuids.get(g.gpu, ""))
+            f.add("nodeagent_mig_apply_outcome", (*ids, g.outcome, g.reason), 1)
+            f.add("nodeagent_mig_unrestored_instances", ids, g.unrestored)
 
     def _device_plugin(
         self,
@@ -451,3 +469,4 @@ class Renderer:
         for component, count in sorted(dict(self.sources.restarts).items()):
             f.add("nodeagent_component_restarts_total", (component,), count)
         f.add("nodeagent_build_info", (self._version, self._python), 1)
+        f.add("nodeagent_start_time_seconds", (), self.sources.started_at_s)

@@ -3,13 +3,16 @@
 Order of work (each numbered item is skipped when there is nothing to do):
 
 1. resolve the layout against the node and plan every GPU (read-only; invalid input or a plan
-   blocked by a busy instance stops here, before anything changes);
+   blocked by a busy instance stops here, before anything changes, unless the caller allows a
+   *partial* apply: then the other GPUs go ahead and the blocked one waits; a lost GPU is
+   reported and never stops the others);
 2. write the *intent file* atomically (temp file, fsync, rename, fsync of the directory);
 3. hooks ``apply-start``; then ``pre-apply-mode`` and the MIG mode changes: instances on GPUs
    being disabled are destroyed, the mode is requested, and a pending mode is made current by a
    reset only with ``allow_reset`` and no processes (else the GPU is reported "reset required");
-4. ``pre-apply-config``; per GPU, compute instances are destroyed before their GPU instance,
-   then new GPU instances are created at the planned placements;
+4. ``pre-apply-config``; per GPU, new GPU instances are created first wherever free slices
+   allow, and an instance the target drops is destroyed only when a new one needs its slices
+   (or at the end); compute instances go before their GPU instance;
 5. verify against the target; remove the intent file; ``apply-exit`` always runs.
 
 Crash safety comes from planning against what the GPU holds *now*: after a crash at any step
@@ -19,8 +22,15 @@ and nothing is created twice. A GPU instance left without compute instances (a c
 the two destroy calls, or inside a create) is half-made and is always destroyed.
 
 If a step fails, the GPU is rolled back: instances created by this run are destroyed and the
-idle instances it destroyed are recreated at their old placements; the report then says exactly
-what each GPU holds.
+idle instances it destroyed are recreated at their old placements; the report says exactly
+which it could not restore (``unrestored``) and what each GPU holds. Because destroys wait
+until a creation needs their slices, a creation that keeps failing costs at most the instances
+in the way of that one creation, never the whole GPU.
+
+Every GPU ends with one *outcome* (:data:`OUTCOMES`) and a one-line summary.
+
+The caller holds the node's MIG lock (:mod:`nodeagent.runtime.lock`) around prepare and
+execute: the intent file and the plan are only valid while no other apply runs.
 """
 
 from __future__ import annotations
@@ -31,19 +41,29 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.capacity import creatable, fragmentation_ratio
-from nodeagent.gpu.errors import GpuError
+from nodeagent.gpu.errors import GpuError, GpuLost
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot
-from nodeagent_mig.config import GpuTarget, HooksFile, MigConfigFile, gpu_facts, resolve
+from nodeagent_mig.config import GpuFacts, GpuTarget, HooksFile, MigConfigFile, resolve
 from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 
 INTENT_FILE = "mig-intent.json"
+
+# What happened to one GPU, worst last: the metric nodeagent_mig_apply_outcome and the report.
+APPLIED = "applied"  # changed, and holds the target now
+UNCHANGED = "unchanged"  # nothing was done (it holds the target, or the apply held it back)
+RESET_REQUIRED = "reset-required"  # the MIG mode change waits for a GPU reset
+BLOCKED_BUSY = "blocked-busy"  # the target needs the slices of a busy instance
+FAILED = "failed"  # a step failed (rolled back as far as possible)
+LOST = "lost"  # the GPU does not answer
+OUTCOMES = (APPLIED, UNCHANGED, RESET_REQUIRED, BLOCKED_BUSY, FAILED, LOST)
+_SUMMARY_CHARS = 300  # a summary line stays readable in a log and a metric label source
 
 # Called right before each mutating NVML step with its number (1-based) and what it does: for
 # progress reporting, and for the crash tests, which end the process at a chosen step.
@@ -69,18 +89,63 @@ class GpuReport:
     holds: list[MigSlot] = field(default_factory=list)  # the instances on the GPU at the end
     creatable: dict[str, int] = field(default_factory=dict)
     fragmentation: float = 0.0
+    lost: bool = False  # the GPU did not answer; nothing else is known about it
+    blocked: bool = False  # the target needs a busy instance's slices (see errors)
+    held_back: str | None = None  # why the apply left this GPU alone (another GPU blocked)
+    unrestored: list[MigSlot] = field(default_factory=list)  # destroyed, could not recreate
 
     @property
     def changed(self) -> bool:
         """Whether anything was (or would be) changed on this GPU."""
         return bool(self.destroyed or self.half_made or self.created or self.mode_change)
 
+    @property
+    def outcome(self) -> str:
+        """One of :data:`OUTCOMES`."""
+        if self.lost:
+            return LOST
+        if self.blocked:
+            return BLOCKED_BUSY
+        if self.errors:
+            return FAILED
+        if self.reset_required is not None:
+            return RESET_REQUIRED
+        return APPLIED if self.changed else UNCHANGED
+
+    @property
+    def reason(self) -> str:
+        """Why the GPU does not hold the target, in one short sentence ("" when it does)."""
+        if self.errors:
+            return self.errors[0]
+        return self.reset_required or self.held_back or ""
+
+    def summary(self) -> str:
+        """``GPU 3: applied: kept 2, destroyed 1, created 2`` (one line, bounded)."""
+        counts = (
+            f"kept {len(self.kept)}, destroyed {len(self.destroyed) + len(self.half_made)}, "
+            f"created {len(self.created)}"
+        )
+        line = f"GPU {self.index}: {self.outcome}"
+        if self.outcome in (APPLIED, FAILED):
+            line += f": {counts}"
+        if self.reason:
+            line += f": {self.reason}"
+        if self.unrestored:
+            line += "; could not restore " + ", ".join(s.label for s in self.unrestored)
+        return _bounded(line)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form: instances as ``{"profile", "start", "size"}``."""
         out = asdict(self)
-        for key in ("kept", "destroyed", "half_made", "created", "holds"):
+        for key in ("kept", "destroyed", "half_made", "created", "holds", "unrestored"):
             out[key] = [slot.to_json() for slot in getattr(self, key)]
+        out["outcome"] = self.outcome
+        out["summary"] = self.summary()
         return out
+
+
+def _bounded(text: str, limit: int = _SUMMARY_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass
@@ -96,8 +161,14 @@ class ApplyReport:
 
     @property
     def ok(self) -> bool:
-        """No errors and no GPU waiting for a reset: the node holds the target."""
-        return not self.errors and all(not g.errors and g.reset_required is None for g in self.gpus)
+        """No errors and every GPU applied or unchanged (none held back): the node holds it."""
+        return not self.errors and all(
+            g.outcome in (APPLIED, UNCHANGED) and g.held_back is None for g in self.gpus
+        )
+
+    def summaries(self) -> list[str]:
+        """One line per GPU, then the node-wide problems."""
+        return [g.summary() for g in self.gpus] + [_bounded(e) for e in self.errors]
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
@@ -134,6 +205,16 @@ class Prepared:
 
     config: str
     work: list[_GpuWork]
+    lost: dict[int, str] = field(default_factory=dict)  # GPU index -> why it does not answer
+
+    @property
+    def mode_changes(self) -> list[str]:
+        """Every GPU whose MIG mode the apply would change, as ``GPU n: enable``."""
+        return [
+            f"GPU {w.index}: {'enable' if w.target.mig_enabled else 'disable'} MIG"
+            for w in self.work
+            if w.mode_change or w.pending != w.target.mig_enabled
+        ]
 
     @property
     def destroys(self) -> list[str]:
@@ -156,19 +237,57 @@ def _split(instances: Sequence[GpuInstance]) -> tuple[tuple[Instance, ...], tupl
     return whole, half
 
 
+def _facts(node: MigDevices) -> tuple[list[GpuFacts], dict[int, str]]:
+    """Facts about every GPU for :func:`resolve`, and the GPUs that do not answer.
+
+    A lost GPU stays in the list (so "the node has GPUs 0-7" stays true) without geometry,
+    which layout resolution treats as a GPU that is not part of a MIG layout.
+    """
+    facts, lost = [], {}
+    for i in range(node.count()):
+        try:
+            info = node.info(i)
+            facts.append(GpuFacts(i, info.name, info.pci_device_id, node.mig_geometry(i)))
+        except GpuLost as exc:
+            lost[i] = str(exc)
+            facts.append(GpuFacts(i, "lost GPU", 0, None))
+    return facts, lost
+
+
+def _without(cfg: MigConfigFile, name: str, lost: Mapping[int, str]) -> MigConfigFile:
+    """The layout with lost GPUs taken out of explicit ``devices`` lists (they are reported)."""
+    if not lost or name not in cfg.configs:
+        return cfg
+    specs = tuple(
+        spec
+        if spec.devices is None
+        else spec.model_copy(update={"devices": tuple(d for d in spec.devices if d not in lost)})
+        for spec in cfg.configs[name]
+    )
+    return replace(cfg, configs={**cfg.configs, name: specs})
+
+
 def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
     """Resolve the layout and plan every selected GPU; changes nothing.
+
+    A GPU that does not answer (lost) is listed in ``lost`` and left out of the plan.
 
     Raises:
         ConfigError: the layout is invalid for this node (every problem listed).
     """
-    targets = resolve(cfg, name, gpu_facts(node))
+    facts, lost = _facts(node)
+    targets = resolve(_without(cfg, name, lost), name, facts)
     work = []
     for index, target in sorted(targets.items()):
-        info = node.info(index)
-        geometry = node.mig_geometry(index)
+        try:
+            info = node.info(index)
+            geometry = node.mig_geometry(index)
+            current = node.mig_instances(index) if info.mig_enabled else ()
+        except GpuLost as exc:  # lost between the facts and now
+            lost[index] = str(exc)
+            continue
         assert geometry is not None  # resolve() only targets MIG-capable GPUs
-        whole, half = _split(node.mig_instances(index) if info.mig_enabled else ())
+        whole, half = _split(current)
         w = _GpuWork(
             index,
             info.name,
@@ -195,7 +314,7 @@ def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = Fa
             w.error = exc.reason
             w.blocking = exc.blocking
         work.append(w)
-    return Prepared(name, work)
+    return Prepared(name, work, lost)
 
 
 # --- intent file ---------------------------------------------------------------------------------
@@ -290,12 +409,16 @@ def _find(node: MigDevices, index: int, item: MigSlot) -> GpuInstance | None:
     return None
 
 
-def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
-    """Fill in what the GPU holds now, its capacity, and check it against the target."""
+def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport, *, verify: bool = True) -> None:
+    """Fill in what the GPU holds now and its capacity; ``verify``: check it against the target."""
     try:
         info = node.info(w.index)
         r.mig_enabled = info.mig_enabled
         now = node.mig_instances(w.index) if info.mig_enabled else ()
+    except GpuLost as exc:
+        r.lost = True
+        r.errors.append(str(exc))
+        return
     except GpuError as exc:
         r.errors.append(f"cannot read the GPU back: {exc}")
         return
@@ -303,7 +426,7 @@ def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
     if info.mig_enabled:
         r.creatable = creatable(w.geometry, now)
         r.fragmentation = fragmentation_ratio(w.geometry, now)
-    if r.reset_required is None and not r.errors:
+    if verify and r.reset_required is None and not r.errors:
         want = Counter(w.target.devices) if w.target.mig_enabled else Counter()
         have = Counter(g.profile for g in now if g.compute_instances)
         if info.mig_enabled != w.target.mig_enabled or want != have:
@@ -314,14 +437,24 @@ def _finish_report(node: MigDevices, w: _GpuWork, r: GpuReport) -> None:
             )
 
 
+def _lost_report(index: int, why: str) -> GpuReport:
+    return GpuReport(index, "unknown", False, False, errors=[why], lost=True)
+
+
 def _rollback(
     node: MigDevices,
     index: int,
+    r: GpuReport,
     created: list[MigSlot],
     destroyed: list[Instance],
     step: _Steps,
 ) -> str:
-    """Undo this run's changes on one GPU as far as possible; returns what was done."""
+    """Undo this run's changes on one GPU as far as possible; returns what was done.
+
+    The instances this run created go first (they are in the slices of what it destroyed, and
+    nothing runs on them yet), then the idle instances it destroyed are recreated at their old
+    placements. What cannot be recreated is listed in ``r.unrestored``.
+    """
     notes = []
     for item in reversed(created):
         gi = _find(node, index, item)
@@ -331,13 +464,20 @@ def _rollback(
                 notes.append(f"removed {item.label}")
             except GpuError as exc:
                 notes.append(f"could not remove {item.label}: {exc}")
+    restored = []
     for old in destroyed:
+        if old.busy:
+            continue  # destroyed only with force: its work is gone whatever we recreate
         try:
             step(f"GPU {index}: recreate {old.label}")
             node.create_gpu_instance(index, old.profile, old.placement)
-            notes.append(f"restored {old.label}")
-        except GpuError as exc:
-            notes.append(f"could not restore {old.label}: {exc}")
+            restored.append(old.label)
+        except GpuError:
+            r.unrestored.append(old.slot)
+    if restored:
+        notes.append("restored " + ", ".join(restored))
+    if r.unrestored:
+        notes.append("could not restore " + ", ".join(s.label for s in r.unrestored))
     return "; ".join(notes) or "nothing to undo"
 
 
@@ -379,8 +519,33 @@ def _apply_mode(
     return False
 
 
+def _in_the_way(
+    new: MigSlot,
+    pending: list[Instance],
+    present: list[MigSlot],
+    geometry: MigGeometry,
+) -> list[Instance]:
+    """The instances the target drops that must go before ``new`` can be created.
+
+    Those overlapping its placement, and, when its profile is at the model's instance limit,
+    one of the same profile that the target drops.
+    """
+    victims = [d for d in pending if d.placement.overlaps(new.placement)]
+    profile = geometry.profile(new.profile)
+    same = sum(1 for s in present if s.profile == new.profile) - sum(
+        1 for d in victims if d.profile == new.profile
+    )
+    if profile is not None and same >= profile.max_count:
+        victims += [d for d in pending if d.profile == new.profile and d not in victims][:1]
+    return victims
+
+
 def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
-    """Destroy and create instances on one GPU (MIG is on), rolling back on failure."""
+    """Create and destroy instances on one GPU (MIG is on), rolling back on failure.
+
+    New instances are created first wherever the free slices allow; an instance the target
+    drops is destroyed only when the next creation needs its slices, and the rest at the end.
+    """
     index = w.index
     now = node.mig_instances(index)
     whole, half = _split(now)
@@ -395,24 +560,47 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
     created: list[MigSlot] = []
     destroyed: list[Instance] = []
     by_id = {g.instance_id: g for g in now}
+    pending_destroy = list(plan.destroy)
+    pending_create = list(plan.create)
+    present = [i.slot for i in (*plan.keep, *plan.destroy)]
+
+    def blocked_by(new: MigSlot) -> list[Instance]:
+        return _in_the_way(new, pending_destroy, present, w.geometry)
+
+    def destroy(item: Instance) -> None:
+        assert item.instance_id is not None
+        _destroy(node, index, by_id[item.instance_id], step)
+        pending_destroy.remove(item)
+        present.remove(item.slot)
+        destroyed.append(item)
+        r.destroyed.append(item.slot)
+
     try:
+        # Half-made instances (no compute instance) hold no work and block their slices.
         for item in half:
             gi = by_id[item.instance_id] if item.instance_id is not None else None
             if gi is not None:
                 _destroy(node, index, gi, step)
                 r.half_made.append(item.slot)
-        for item in plan.destroy:
-            assert item.instance_id is not None
-            _destroy(node, index, by_id[item.instance_id], step)
-            destroyed.append(item)
-            r.destroyed.append(item.slot)
-        for new in plan.create:
+        while pending_create:
+            free = (n for n in pending_create if not blocked_by(n))
+            new = next(free, None)
+            if new is None:
+                # Nothing fits yet: clear the way for the first creation only, so a creation
+                # that then fails costs no more than the instances in its way.
+                new = pending_create[0]
+                for victim in blocked_by(new):
+                    destroy(victim)
             step(f"GPU {index}: create {new.label}")
             node.create_gpu_instance(index, new.profile, new.placement)
+            pending_create.remove(new)
+            present.append(new)
             created.append(new)
             r.created.append(new)
+        for item in list(pending_destroy):
+            destroy(item)
     except GpuError as exc:
-        undo = _rollback(node, index, created, [d for d in destroyed if not d.busy], step)
+        undo = _rollback(node, index, r, created, destroyed, step)
         r.errors.append(f"{exc} (rolled back: {undo})")
 
 
@@ -424,40 +612,77 @@ def execute(
     state_dir: Path,
     force: bool = False,
     allow_reset: bool = False,
+    partial: bool = False,
     hooks: HooksFile | None = None,
     on_step: StepHook | None = None,
 ) -> ApplyReport:
-    """Carry out a prepared apply. See the module docstring for the order and the guarantees."""
+    """Carry out a prepared apply. See the module docstring for the order and the guarantees.
+
+    ``partial``: a GPU blocked by a busy instance waits while the other GPUs are applied;
+    without it a blocked GPU stops the whole apply before anything changes.
+    """
     earlier = read_intent(state_dir)
     report = ApplyReport(
         prepared.config,
         [GpuReport(w.index, w.model, w.current, w.target.mig_enabled) for w in prepared.work],
         resumed_from=str(earlier.get("config")) if earlier else None,
     )
+    reports = {r.index: r for r in report.gpus}
     blocked = [w for w in prepared.work if w.error is not None]
-    if blocked:
-        for w, r in zip(prepared.work, report.gpus, strict=True):
-            if w.error is not None:
-                r.errors.append(w.error)
-            _finish_report(node, w, r)
-        report.errors.append(
-            "nothing was changed: " + "; ".join(f"GPU {w.index}: {w.error}" for w in blocked)
-        )
+    for w in blocked:
+        r = reports[w.index]
+        r.errors.append(w.error or "")
+        r.blocked = bool(w.blocking)
+    try:
+        if blocked and not partial:
+            where = ", ".join(f"GPU {w.index}" for w in blocked)
+            for w in prepared.work:
+                if w.error is None:
+                    reports[w.index].held_back = f"not applied: {where} blocked"
+                _finish_report(node, w, reports[w.index], verify=False)
+            report.errors.append(
+                f"nothing was changed: {where} blocked; the other GPUs are applied only when "
+                "the pool allows a partial apply (mig_partial_apply)"
+            )
+            return report
+        _execute(node, prepared, cfg, report, state_dir, force, allow_reset, hooks, on_step)
         return report
+    finally:
+        for index, why in sorted(prepared.lost.items()):
+            report.gpus.append(_lost_report(index, why))
+        report.gpus.sort(key=lambda g: g.index)
+
+
+def _execute(
+    node: MigDevices,
+    prepared: Prepared,
+    cfg: MigConfigFile,
+    report: ApplyReport,
+    state_dir: Path,
+    force: bool,
+    allow_reset: bool,
+    hooks: HooksFile | None,
+    on_step: StepHook | None,
+) -> None:
+    reports = {r.index: r for r in report.gpus}
+    work = [w for w in prepared.work if w.error is None]
+    for w in prepared.work:
+        if w.error is not None:
+            _finish_report(node, w, reports[w.index], verify=False)
     todo = [
         w
-        for w in prepared.work
+        for w in work
         if w.mode_change
         or w.halfmade
         or (w.plan is not None and not w.plan.is_noop)
         or w.pending != w.target.mig_enabled
     ]
     if not todo:
-        for w, r in zip(prepared.work, report.gpus, strict=True):
-            r.kept = [i.slot for i in w.before]
-            _finish_report(node, w, r)
+        for w in work:
+            reports[w.index].kept = [i.slot for i in w.before]
+            _finish_report(node, w, reports[w.index])
         (state_dir / INTENT_FILE).unlink(missing_ok=True)  # an earlier crash left it converged
-        return report
+        return
 
     write_json_atomic(state_dir / INTENT_FILE, _intent(prepared, cfg))
     env = {
@@ -467,7 +692,6 @@ def execute(
         "MIG_PARTED_SELECTED_CONFIG": prepared.config,
     }
     step = _Steps(on_step)
-    reports = {r.index: r for r in report.gpus}
     try:
         failure = _run_hooks(hooks, "apply-start", env)
         modes = [w for w in todo if w.mode_change or w.pending != w.target.mig_enabled]
@@ -479,6 +703,10 @@ def execute(
                 r = reports[w.index]
                 try:
                     ready[w.index] = _apply_mode(node, w, r, allow_reset, force, step)
+                except GpuLost as exc:
+                    r.lost = True
+                    r.errors.append(str(exc))
+                    ready[w.index] = False
                 except GpuError as exc:
                     r.errors.append(str(exc))
                     ready[w.index] = False
@@ -488,6 +716,9 @@ def execute(
                 if w.target.mig_enabled and ready[w.index]:
                     try:
                         _apply_layout(node, w, reports[w.index], force, step)
+                    except GpuLost as exc:
+                        reports[w.index].lost = True
+                        reports[w.index].errors.append(str(exc))
                     except GpuError as exc:
                         reports[w.index].errors.append(str(exc))
                     except PlanError as exc:
@@ -499,13 +730,13 @@ def execute(
         if exit_failure is not None:
             report.errors.append(exit_failure)
     report.mutating_steps = step.count
-    for w in prepared.work:
+    for w in work:
         r = reports[w.index]
         if not r.changed and not r.kept and w.plan is not None:
             r.kept = [i.slot for i in w.plan.keep]
-        _finish_report(node, w, r)
+        if not r.lost:
+            _finish_report(node, w, r)
     (state_dir / INTENT_FILE).unlink(missing_ok=True)
-    return report
 
 
 def reconcile(
@@ -516,13 +747,15 @@ def reconcile(
     state_dir: Path,
     force: bool = False,
     allow_reset: bool = False,
+    partial: bool = False,
     hooks: HooksFile | None = None,
     on_step: StepHook | None = None,
 ) -> ApplyReport:
     """Make the node hold layout ``name`` of ``cfg``: the one entry point the agent calls.
 
     Busy instances are never destroyed unless ``force``; a GPU whose MIG mode change waits for
-    a reset is reported, and reset only with ``allow_reset`` when no process runs on it.
+    a reset is reported, and reset only with ``allow_reset`` when no process runs on it. The
+    caller holds the node's MIG lock.
 
     Raises:
         ConfigError: the layout is invalid for this node; nothing was changed.
@@ -535,6 +768,7 @@ def reconcile(
         state_dir=state_dir,
         force=force,
         allow_reset=allow_reset,
+        partial=partial,
         hooks=hooks,
         on_step=on_step,
     )
@@ -547,6 +781,7 @@ def dry_run(prepared: Prepared) -> ApplyReport:
         r = GpuReport(w.index, w.model, w.current, w.target.mig_enabled)
         if w.error is not None:
             r.errors.append(w.error)
+            r.blocked = bool(w.blocking)
         if w.mode_change:
             r.mode_change = "enable" if w.target.mig_enabled else "disable"
             if not w.target.mig_enabled:
@@ -561,12 +796,14 @@ def dry_run(prepared: Prepared) -> ApplyReport:
             r.creatable = dict(w.plan.creatable_after)
             r.fragmentation = w.plan.fragmentation_after
         report.gpus.append(r)
+    report.gpus += [_lost_report(i, why) for i, why in prepared.lost.items()]
+    report.gpus.sort(key=lambda g: g.index)
     return report
 
 
 def differences(prepared: Prepared) -> list[str]:
     """How the node differs from the prepared layout (``mig assert``); empty when it holds it."""
-    diffs: list[str] = []
+    diffs: list[str] = [f"GPU {i}: lost ({why})" for i, why in sorted(prepared.lost.items())]
     for w in prepared.work:
         if w.current != w.target.mig_enabled:
             diffs.append(
@@ -582,4 +819,4 @@ def differences(prepared: Prepared) -> list[str]:
             diffs += [f"GPU {w.index}: lacks {c.profile}" for c in w.plan.create]
         elif w.error is not None:
             diffs.append(f"GPU {w.index}: {w.error}")
-    return diffs
+    return sorted(diffs, key=lambda d: int(d.split(":", 1)[0].removeprefix("GPU ")))

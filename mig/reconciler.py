@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -13,31 +12,53 @@ from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
-from nodeagent_mig.apply import ApplyReport, reconcile
+from nodeagent.runtime.lock import LockHeldError, ProcessLock
+from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
+from nodeagent_mig.apply import APPLIED, UNCHANGED, ApplyReport, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "mig-status.json"
 RETRY_S = 60.0  # how often a layout that is not fully applied is tried again
+LOCK_RETRY_S = 5.0  # how soon a round skipped for another apply holding the lock is tried again
+LOCK_WHAT = "the node's MIG layout"
+_REASON_CHARS = 200  # the reason a status, a log line and a metric label carry
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
 
 
 class MigReconciler:
     """Applies ``pools.<pool>.mig_layout`` from ``mig.layout_file`` (or the built-in layouts).
 
     It never destroys a busy instance unless ``mig.force`` is set; a layout that would need one
-    is reported and left for the operator. The last outcome is written to ``mig-status.json``
-    in the agent's state directory.
+    is reported and left for the operator (with ``pools.<pool>.mig_partial_apply`` the other
+    GPUs are applied meanwhile). Every apply holds the node's MIG lock, the one ``nodeagent mig
+    apply`` takes: while another apply holds it, the round is skipped and tried again soon.
+
+    A layout file that cannot be read or is invalid is reported (log, ``mig-status.json``, the
+    metrics) and the reconciler stays ready and idle until the file or the config changes: a
+    bad file must not make the agent crash-loop or keep ``/readyz`` failing.
     """
 
     name = "mig-reconciler"
 
-    def __init__(self, node: MigDevices, config: AgentConfig) -> None:
+    def __init__(
+        self, node: MigDevices, config: AgentConfig, *, lock_file: Path | None = None
+    ) -> None:
         self._node = node
         self._config = config
+        self._lock = ProcessLock(lock_file or config.state_dir / "mig" / "mig.lock", LOCK_WHAT)
         self._wake = threading.Event()
         self._ready = threading.Event()
         self._applied: tuple[str | None, Path, float] | None = None
+        self._retry_s = RETRY_S
+        self._outcomes: dict[int, str] = {}  # last logged outcome summary per GPU
+        self._logged: str | None = None  # the last error logged (each distinct one once)
+        self._status: MigLayoutStatus | None = None
         self.last_report: ApplyReport | None = None
         self.last_error: str | None = None
 
@@ -50,6 +71,10 @@ class MigReconciler:
     def applied_layout(self) -> str | None:
         """The layout name last applied in full, or None."""
         return self._applied[0] if self._applied is not None else None
+
+    def status(self) -> MigLayoutStatus | None:
+        """The outcome of the last round, for the metrics; None while no layout is managed."""
+        return self._status
 
     def reload(self, config: AgentConfig) -> None:
         """Re-check the layout after SIGHUP (the pool's layout name or the file may differ)."""
@@ -68,45 +93,121 @@ class MigReconciler:
     def reconcile_once(self) -> None:
         """Apply the wanted layout if it changed since the last successful apply."""
         wanted = self._wanted()
-        layout, path, _ = wanted
+        layout = wanted[0]
         config = self._config
-        if layout is None or not config.mig.enabled or wanted == self._applied:
+        self._retry_s = RETRY_S
+        if layout is None or not config.mig.enabled:
+            self._status = None
             return
-        state_dir = config.state_dir / "mig"
+        if wanted == self._applied:
+            return
+        try:
+            self._lock.acquire()
+        except LockHeldError as exc:
+            # Another apply (the boot unit, an operator's `mig apply`) is at work: never wait
+            # on it here (SIGTERM must stay prompt), try again shortly.
+            self._retry_s = LOCK_RETRY_S
+            self._fail(layout, f"skipped: {exc}", level=logging.INFO)
+            return
+        except OSError as exc:
+            self._fail(layout, f"cannot take the MIG lock {exc.filename}: {exc.strerror}")
+            return
+        try:
+            self._apply(wanted)
+        finally:
+            self._lock.release()
+
+    def _apply(self, wanted: tuple[str | None, Path, float]) -> None:
+        layout, path, _ = wanted
+        assert layout is not None
+        config = self._config
+        try:
+            cfg = load_config(path)
+        except ConfigError as exc:
+            self._fail(layout, f"layout file {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - operator input must not crash-loop the agent
+            # The loader reports every bad file as ConfigError (fuzzed in tests/config); should
+            # anything else escape it, that is still a bad file, not a reason to die.
+            self._fail(layout, f"layout file {path}: {type(exc).__name__}: {exc}")
+            return
         try:
             report = reconcile(
                 self._node,
-                load_config(path),
+                cfg,
                 layout,
-                state_dir=state_dir,
+                state_dir=config.state_dir / "mig",
                 force=config.mig.force,
                 allow_reset=config.mig.allow_reset,
+                partial=config.pool.mig_partial_apply,
             )
         except (ConfigError, GpuError, OSError) as exc:
-            self.last_error = f"MIG layout {layout!r} from {path} not applied: {exc}"
-            log.error("%s", self.last_error)
-            self._write_status({"layout": layout, "ok": False, "error": str(exc)})
+            self._fail(layout, f"not applied: {exc}")
             return
         self.last_report = report
         self.last_error = None
+        self._logged = None
+        self._log_outcomes(layout, report)
+        # Why the layout does not hold, in one line: the first GPU with a problem of its own,
+        # else a node-wide problem (a hook), else a GPU the apply held back.
+        troubled = [g.summary() for g in report.gpus if g.outcome not in (APPLIED, UNCHANGED)]
+        held = [g.summary() for g in report.gpus if g.held_back]
+        reasons = [*troubled, *report.errors, *held]
+        reason = "" if report.ok or not reasons else _short(reasons[0])
+        self._status = MigLayoutStatus(
+            layout,
+            report.ok,
+            reason,
+            tuple(
+                MigGpuOutcome(g.index, g.outcome, _short(g.reason), len(g.unrestored))
+                for g in report.gpus
+            ),
+        )
         if report.ok:
             self._applied = wanted
-            log.info("MIG layout %r applied (%d mutating steps)", layout, report.mutating_steps)
-        else:
-            log.warning("MIG layout %r not fully applied: %s", layout, json.dumps(report.to_dict()))
         self._write_status({"layout": layout, **report.to_dict()})
 
+    def _log_outcomes(self, layout: str, report: ApplyReport) -> None:
+        """One line per GPU whose outcome changed since the last round (never the whole report)."""
+        for g in report.gpus:
+            line = g.summary()
+            if self._outcomes.get(g.index) == line:
+                continue
+            self._outcomes[g.index] = line
+            if g.outcome == UNCHANGED and g.held_back is None:
+                continue  # a GPU that already holds its layout is not news
+            level = logging.INFO if g.outcome in (APPLIED, UNCHANGED) else logging.WARNING
+            log.log(level, "MIG layout %r on %s", layout, line)
+        for error in report.errors:
+            log.warning("MIG layout %r: %s", layout, _short(error))
+        if report.ok:
+            log.info("MIG layout %r applied (%d mutating steps)", layout, report.mutating_steps)
+
+    def _fail(self, layout: str, why: str, level: int = logging.ERROR) -> None:
+        """Record a round that applied nothing; log each distinct reason once."""
+        self.last_error = f"MIG layout {layout!r}: {why}"
+        if self.last_error != self._logged:
+            log.log(level, "%s", _short(self.last_error))
+            self._logged = self.last_error
+        gpus = self._status.gpus if self._status is not None else ()
+        self._status = MigLayoutStatus(layout, False, _short(why), gpus)
+        self._write_status({"layout": layout, "ok": False, "error": why})
+
     def _write_status(self, data: dict[str, object]) -> None:
-        write_json_atomic(self._config.state_dir / STATUS_FILE, data, durable=False)
+        try:
+            write_json_atomic(self._config.state_dir / STATUS_FILE, data, durable=False)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", STATUS_FILE, exc)
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile at start, then whenever a reload asks or a failed apply is retried."""
         while not stop.is_set():
             self.reconcile_once()
             self._ready.set()
-            # A layout that is not yet fully applied (reset required, busy instance) is retried
-            # every RETRY_S; an applied one only on reload.
-            deadline = time.monotonic() + RETRY_S
+            # A layout that is not yet fully applied (reset required, busy instance, a bad file)
+            # is retried every RETRY_S, LOCK_RETRY_S after a round skipped for the lock (each
+            # distinct failure is logged once); an applied one only on reload or a new file.
+            deadline = time.monotonic() + self._retry_s
             while not self._wake.is_set() and time.monotonic() < deadline:
                 # One wake-up a second: reload and retry come through _wake, and shutdown is
                 # noticed within a second (the agent allows 10 s to stop).
@@ -116,6 +217,8 @@ class MigReconciler:
             self._wake.clear()
 
 
-def build(config: AgentConfig, node: MigDevices) -> MigReconciler | None:
+def build(
+    config: AgentConfig, node: MigDevices, *, lock_file: Path | None = None
+) -> MigReconciler | None:
     """The reconciler, or None when MIG management is off."""
-    return MigReconciler(node, config) if config.mig.enabled else None
+    return MigReconciler(node, config, lock_file=lock_file) if config.mig.enabled else None

@@ -18,6 +18,11 @@ from nodeagent.gpu.node import GpuNode
 
 ENV_SIMULATE = "NODEAGENT_SIMULATE"
 ENV_SIM_STATE = "NODEAGENT_SIM_STATE"
+ENV_MIG_LOCK = "NODEAGENT_MIG_LOCK_FILE"
+# The node-wide MIG lock of a real node: a runtime path, so it goes with the boot (a lock is
+# only meaningful among running processes) and every tool on the host finds the same one.
+MIG_LOCK_FILE = Path("/run/nodeagent/mig.lock")
+SIM_MIG_LOCK = "mig.lock"  # in the simulated node's state directory
 
 
 def preset_names() -> Sequence[str]:
@@ -31,6 +36,30 @@ def simulated_preset(simulate: str | None, environ: Mapping[str, str] | None = N
     """The preset to simulate: ``simulate``, else env ``NODEAGENT_SIMULATE``; None: real GPUs."""
     env = os.environ if environ is None else environ
     return simulate or env.get(ENV_SIMULATE) or None
+
+
+def mig_lock_file(
+    simulate: str | None,
+    state_dir: Path | None,
+    explicit: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """The node-wide MIG lock every MIG apply on the node takes (the CLI's and the agent's).
+
+    ``explicit`` (``--mig-lock-file``), else env ``NODEAGENT_MIG_LOCK_FILE``, else the simulated
+    node's state directory (a simulated node is its directory, so its lock lives there), else
+    :data:`MIG_LOCK_FILE`.
+    """
+    env = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit
+    if env.get(ENV_MIG_LOCK):
+        return Path(env[ENV_MIG_LOCK])
+    if simulated_preset(simulate, env):
+        from nodeagent.sim.state import default_state_dir
+
+        return (state_dir or default_state_dir()) / SIM_MIG_LOCK
+    return MIG_LOCK_FILE
 
 
 def no_driver_message(cause: str) -> str:
@@ -52,7 +81,8 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
     then the user's state directory); it is created from the preset when empty.
 
     Raises:
-        InvalidArgument: the preset is unknown (the message lists the presets).
+        InvalidArgument: the preset is unknown (the message lists the presets), or the
+            simulated node's state is corrupt (the message names ``nodeagent sim reset``).
         DriverNotLoaded: no driver and no preset (the message names ``--simulate``).
     """
     preset = simulated_preset(simulate)
@@ -64,8 +94,15 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
             )
         from nodeagent.sim import SimNvml  # imported only when a preset is asked for
         from nodeagent.sim.control import reset_gpu
+        from nodeagent.sim.state import SimStateError
 
         sim = SimNvml(state_dir, preset)
+        try:
+            # Seed or check the node here: the simulated NVML can only answer "no driver" to a
+            # state it cannot read, which would send the operator after --simulate.
+            sim.store.ensure(preset)
+        except SimStateError as exc:
+            raise InvalidArgument(str(exc)) from None
         return GpuNode(sim, reset=lambda index, _bus_id: reset_gpu(sim, index))
     try:
         import pynvml

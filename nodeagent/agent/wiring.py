@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
@@ -51,15 +52,18 @@ def build(
     restarts: Mapping[str, int],
     ready: Callable[[], bool],
     alive: Callable[[], bool],
+    mig_lock_file: Path | None = None,
+    started_at_s: float | None = None,
 ) -> Wired:
     """Build every enabled feature of ``config`` around ``node``.
 
-    ``restarts`` (component restarts, exported as a metric), ``ready`` (every component ready)
-    and ``alive`` (threads up, sampling not wedged) are the agent's own, read by the exporter.
+    ``restarts`` (component restarts, exported as a metric), ``ready`` (every component ready),
+    ``alive`` (threads up, sampling not wedged) and ``started_at_s`` (the process start) are
+    the agent's own, read by the exporter; ``mig_lock_file`` is the node-wide MIG lock.
     """
     feed: SnapshotFeed = snapshots
     sampler = Sampler(node, snapshots, config.sampler)
-    reconciler = mig.build(config, node)
+    reconciler = mig.build(config, node, lock_file=mig_lock_file)
     labels = CapabilityLabels(feed, config, reconciler)
     model = health.build_model(config)
     plugin = device_plugin.build(config, feed, model)
@@ -71,6 +75,8 @@ def build(
         restarts=restarts,
         ready_check=ready,
         live_check=alive,
+        mig_status=reconciler.status if reconciler is not None else None,
+        started_at_s=started_at_s,
     )
     health_component = None
     if model is not None:

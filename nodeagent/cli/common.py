@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from nodeagent.agent.backend import open_node, simulated_preset
-from nodeagent.config.errors import ConfigError
-from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.errors import DriverNotLoaded, GpuError
-from nodeagent.gpu.node import GpuNode
+
+if TYPE_CHECKING:
+    from nodeagent.config.errors import ConfigError
+    from nodeagent.config.schema import AgentConfig
+    from nodeagent.gpu.node import GpuNode
 
 EXIT_OK = 0
 EXIT_DRIFT = 1
@@ -45,6 +47,16 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", "-c", envvar="NODEAGENT_CONFIG", help="Agent config file."),
+]
+MigLockOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mig-lock-file",
+        envvar="NODEAGENT_MIG_LOCK_FILE",
+        help="The node-wide MIG lock every MIG apply takes (default: /run/nodeagent/mig.lock; "
+        "on a simulated node, mig.lock in its state directory).",
+        show_default=False,
+    ),
 ]
 AgentStateDirOption = Annotated[
     Path | None,
@@ -80,16 +92,26 @@ def fail_config(exc: ConfigError, hint: str = CONFIG_HINT) -> NoReturn:
 def agent_state_dir(
     explicit: Path | None, simulate: str | None, sim_state: Path | None, config: Path | None
 ) -> Path:
-    """Where a running agent keeps its state, resolved the way ``nodeagent run`` chooses it."""
+    """Where a running agent keeps its state, resolved the way ``nodeagent run`` chooses it.
+
+    A config named with ``-c`` is always read, so a wrong path is an error even where the
+    other options decide the directory.
+    """
+    loaded = load_config_or_exit(config) if config is not None else None
     if explicit is not None:
         return explicit
     if simulate and sim_state is not None:
         return sim_state / "agent"
-    return load_config_or_exit(config).state_dir
+    return (loaded or load_config_or_exit(None)).state_dir
 
 
 def load_config_or_exit(config: Path | None) -> AgentConfig:
     """The agent config (file, env, defaults), or exit 2 listing every problem."""
+    # Imported here: the config schema pulls in YAML and every section, which the commands
+    # that never read the agent's config should not pay for at start (bench/cli_startup.py).
+    from nodeagent.config.errors import ConfigError
+    from nodeagent.config.schema import load_agent_config
+
     try:
         return load_agent_config(config)
     except ConfigError as exc:

@@ -106,22 +106,32 @@ def gpus(
         raise typer.Exit(EXIT_DRIFT)
 
 
-def topology_to_json(count: int, links: dict[tuple[int, int], Link]) -> dict[str, Any]:
-    """The documented JSON shape of the topology (docs/cli.md)."""
-    return {
-        "gpus": count,
-        "links": [
-            {
-                "a": a,
-                "b": b,
-                "kind": link.kind.name.lower(),
-                "label": link.label,
-                "nvlinks": link.nvlink_count,
-            }
-            for (a, b), link in sorted(links.items())
-            if a < b
-        ],
-    }
+def topology_to_json(
+    count: int, links: dict[tuple[int, int], Link], lost: frozenset[int] = frozenset()
+) -> dict[str, Any]:
+    """The documented JSON shape of the topology (docs/cli.md).
+
+    Every unordered pair is listed; a pair with a lost GPU, whose link cannot be read, is
+    ``{"kind": "unknown", "label": "?", "lost": true}`` rather than left out.
+    """
+    out = []
+    for a in range(count):
+        for b in range(a + 1, count):
+            link = links.get((a, b))
+            if link is not None:
+                entry = {
+                    "a": a,
+                    "b": b,
+                    "kind": link.kind.name.lower(),
+                    "label": link.label,
+                    "nvlinks": link.nvlink_count,
+                    "lost": False,
+                }
+            else:
+                entry = {"a": a, "b": b, "kind": "unknown", "label": "?", "nvlinks": 0}
+                entry["lost"] = a in lost or b in lost
+            out.append(entry)
+    return {"gpus": count, "lost": sorted(lost), "links": out}
 
 
 def topo(
@@ -135,8 +145,11 @@ def topo(
         numa = {info.index: info.numa_node for info in node.inventory()}
     finally:
         node.close()
+    # The inventory leaves out the GPUs that do not answer.
+    lost = frozenset(range(count)) - frozenset(numa)
     if as_json:
-        emit_json(topology_to_json(count, links))
+        # Exit 0 with a lost GPU, as the table does: the matrix marks it; `gpus` fails on it.
+        emit_json(topology_to_json(count, links, lost))
         return
     headers = [""] + [f"GPU{j}" for j in range(count)] + ["NUMA"]
     rows = []
@@ -146,7 +159,8 @@ def topo(
             "X" if i == j else (links[(i, j)].label if (i, j) in links else "?")
             for j in range(count)
         ]
-        rows.append([f"GPU{i}", *cells, "-" if numa.get(i) is None else str(numa[i])])
+        name = f"GPU{i}" + (" LOST" if i in lost else "")
+        rows.append([name, *cells, "-" if numa.get(i) is None else str(numa[i])])
     print_table(headers, rows)
     sys.stdout.write(
         "\nLegend: X = self, ? = unknown (GPU lost), NV# = # NVLinks, PIX = one PCIe bridge,\n"

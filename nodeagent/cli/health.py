@@ -70,8 +70,9 @@ def _evaluate(
             cfg.health,
             expected_driver=cfg.pool.expected_driver_version,
             history_path=history_path(agent_state),
+            status_path=status_path(agent_state),
+            read_only=True,  # a one-shot look must not rewrite or move the agent's files
         )
-        model.history_path = None  # a one-shot look must not rewrite the agent's history
         model.on_snapshot(node.snapshot())
         data = to_json(model.node_health(), cfg.node_name)
     finally:

@@ -14,16 +14,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from nodeagent.agent.backend import simulated_preset
+from nodeagent.agent.backend import mig_lock_file, simulated_preset
 from nodeagent.capacity import creatable, fragmentation_ratio, rank_order
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
     JsonOption,
+    MigLockOption,
     SimulateOption,
     StateDirOption,
     emit_json,
@@ -33,22 +34,18 @@ from nodeagent.cli.common import (
     open_node_or_exit,
     print_table,
 )
-from nodeagent.config.errors import ConfigError
-from nodeagent.config.schema import AgentConfig
-from nodeagent.gpu.errors import GpuError
-from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.errors import GpuError, GpuLost
 from nodeagent.gpu.types import MigSlot
-from nodeagent_mig.apply import ApplyReport, GpuReport, differences, dry_run, execute, prepare
-from nodeagent_mig.config import (
-    DEFAULT_CONFIG_FILE,
-    GpuTarget,
-    HooksFile,
-    MigConfigFile,
-    load_config,
-    load_hooks,
-    parse_config,
-    render_config,
-)
+from nodeagent.runtime.lock import LockHeldError, ProcessLock
+
+if TYPE_CHECKING:
+    from nodeagent.config.schema import AgentConfig
+    from nodeagent.gpu.node import GpuNode
+    from nodeagent_mig.apply import ApplyReport, GpuReport, Prepared
+    from nodeagent_mig.config import HooksFile, MigConfigFile
+
+# The layout files, the planner and the applier are imported by the commands that use them:
+# `mig show` needs none of them and must start fast (bench/cli_startup.py).
 
 app = typer.Typer(
     help="MIG layouts in mig-parted's v1 format: plan, apply, assert, show, export.",
@@ -113,6 +110,9 @@ def _choose(file: Path | None, name: str | None, agent_path: Path | None) -> _Ch
 
     Exits 2 when nothing names a layout, or when a named file is invalid.
     """
+    from nodeagent.config.errors import ConfigError
+    from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config
+
     agent = load_config_or_exit(agent_path) if agent_path is not None else None
     if file is None and agent is not None:
         file = agent.mig.layout_file
@@ -173,13 +173,34 @@ def _mig_state_dir(
     return Path("/var/lib/nodeagent/mig")
 
 
-def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Any:
+def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Prepared:
+    from nodeagent.config.errors import ConfigError
+    from nodeagent_mig.apply import prepare
+
     try:
         return prepare(node, cfg, name, force=force)
     except ConfigError as exc:
         fail_config(exc, "nothing was changed; fix the layout for this node's GPUs")
     except GpuError as exc:
         fail(str(exc), "check the GPUs with `nodeagent mig show`")
+
+
+def _lock_or_exit(path: Path, timeout_s: float) -> ProcessLock:
+    """The node's MIG lock, waiting up to ``timeout_s``; exit 2 naming the holder."""
+    lock = ProcessLock(path, "the node's MIG layout")
+    try:
+        lock.acquire(timeout_s)
+    except LockHeldError as exc:
+        fail(
+            f"another MIG apply is running: {exc}; waited {timeout_s:g}s",
+            "wait for it to finish (or pass a longer --lock-timeout); nothing was changed",
+        )
+    except OSError as exc:
+        fail(
+            f"cannot take the MIG lock {exc.filename}: {exc.strerror}",
+            "run as root, or point --mig-lock-file (env NODEAGENT_MIG_LOCK_FILE) elsewhere",
+        )
+    return lock
 
 
 # --- slice maps ------------------------------------------------------------------------------
@@ -224,14 +245,13 @@ def _print_report(
 ) -> None:
     rows = []
     for g in report.gpus:
-        if g.errors:
-            state = "error"
-        elif g.reset_required:
-            state = "reset required"
-        elif g.changed:
-            state = "would change" if report.dry_run else "changed"
+        if g.lost:
+            state = "LOST"
+        elif report.dry_run:
+            state = "would change" if g.changed and not g.errors else g.outcome
+            state = "matches" if state == "unchanged" else state
         else:
-            state = "matches"
+            state = g.outcome
         rows.append(
             [
                 str(g.index),
@@ -252,6 +272,7 @@ def _print_report(
         lines += [f"  + create  {c.label}" for c in g.created]
         lines += [f"  ! {g.reset_required}"] if g.reset_required else []
         lines += [f"  ! {e}" for e in g.errors]
+        lines += [f"  ! could not restore {s.label}" for s in g.unrestored]
         if not lines:
             continue
         sys.stdout.write(f"\nGPU {g.index} ({g.model})\n")
@@ -260,8 +281,11 @@ def _print_report(
             for title, slots in (("before", before.get(g.index, [])), ("after", g.holds)):
                 head, body = slice_map(slices[g.index], _slots_to_items(slots))
                 sys.stdout.write(f"  {'':<7}{head}\n  {title:<7}{body}\n")
-    for e in report.errors:
-        sys.stdout.write(f"\n{e}\n")
+    if not report.dry_run:
+        sys.stdout.write("\n" + "".join(f"{line}\n" for line in report.summaries()))
+    else:
+        for e in report.errors:
+            sys.stdout.write(f"\n{e}\n")
 
 
 @app.command()
@@ -292,14 +316,16 @@ def _plan(
     as_json: bool,
 ) -> NoReturn:
     """``plan`` for a resolved layout (also ``apply --dry-run``)."""
+    from nodeagent_mig.apply import dry_run
+
     node = open_node_or_exit(simulate, state_dir)
     prepared = _prepare_or_exit(node, cfg, name, force)
     report = dry_run(prepared)
-    before = _before(node, [g.index for g in report.gpus])
+    before = _before(node, [w.index for w in prepared.work])
     if as_json:
         data = report.to_dict()
         for g in data["gpus"]:
-            g["before"] = [slot.to_json() for slot in before[g["index"]]]
+            g["before"] = [slot.to_json() for slot in before.get(g["index"], [])]
         emit_json(data)
     else:
         _print_report(report, _slices(node, report.gpus), before)
@@ -309,15 +335,23 @@ def _plan(
 def _before(node: GpuNode, indices: list[int]) -> dict[int, list[MigSlot]]:
     out = {}
     for i in indices:
-        on = node.info(i).mig_enabled
-        out[i] = [g.slot for g in (node.mig_instances(i) if on else ())]
+        try:
+            on = node.info(i).mig_enabled
+            out[i] = [g.slot for g in (node.mig_instances(i) if on else ())]
+        except GpuLost:
+            continue  # reported as lost; nothing to draw
     return out
 
 
 def _slices(node: GpuNode, gpus: list[GpuReport]) -> dict[int, int]:
     out = {}
     for g in gpus:
-        geometry = node.mig_geometry(g.index)
+        if g.lost:
+            continue
+        try:
+            geometry = node.mig_geometry(g.index)
+        except GpuLost:
+            continue
         if geometry is not None:
             out[g.index] = geometry.memory_slices
     return out
@@ -337,11 +371,30 @@ def apply(
     allow_reset: Annotated[
         bool,
         typer.Option(
+            # No environment variable: NODEAGENT_MIG_ALLOW_RESET is the agent's mig.allow_reset,
+            # and a shell that runs the agent must not make every `mig apply` reset GPUs.
             "--allow-reset",
-            envvar="NODEAGENT_MIG_ALLOW_RESET",
             help="Reset idle GPUs whose MIG mode change is pending.",
         ),
     ] = False,
+    partial: Annotated[
+        bool | None,
+        typer.Option(
+            "--partial/--no-partial",
+            help="Apply the other GPUs while a GPU blocked by a busy instance waits (default: "
+            "the pool's mig_partial_apply in --agent-config, else off).",
+            show_default=False,
+        ),
+    ] = None,
+    lock_timeout: Annotated[
+        float,
+        typer.Option(
+            "--lock-timeout",
+            min=0.0,
+            help="Seconds to wait for another MIG apply on this node to finish.",
+        ),
+    ] = 30.0,
+    mig_lock: MigLockOption = None,
     hooks_file: Annotated[
         Path | None,
         typer.Option(
@@ -369,6 +422,9 @@ def apply(
         # A node whose pool leaves MIG alone: the boot unit runs here too and must pass.
         _nothing_to_do(choice, as_json)
     cfg, name = choice.cfg, choice.name
+    from nodeagent.config.errors import ConfigError
+    from nodeagent_mig.config import load_hooks
+
     hooks: HooksFile | None = None
     if hooks_file is not None:
         try:
@@ -377,29 +433,19 @@ def apply(
             fail_config(exc, "fix the hooks file (mig-parted hooks v1 shape, see docs/mig.md)")
     if dry:
         _plan(cfg, name, force, simulate, state_dir, as_json)
+    if partial is None:
+        partial = choice.agent.pool.mig_partial_apply if choice.agent is not None else False
     node = open_node_or_exit(simulate, state_dir)
-    prepared = _prepare_or_exit(node, cfg, name, force)
-    before = _before(node, [w.index for w in prepared.work])
-    doomed = prepared.destroys
-    if doomed and not yes and all(w.error is None for w in prepared.work):
-        if not sys.stdin.isatty():
-            fail(
-                f"the layout destroys {len(doomed)} instance(s): "
-                + ", ".join(doomed[:6])
-                + (" ..." if len(doomed) > 6 else ""),
-                "pass --yes to go ahead, or --dry-run to see the plan",
-            )
-        sys.stdout.write("This destroys:\n" + "".join(f"  {d}\n" for d in doomed))
-        if not typer.confirm("Go ahead?", default=False):
-            fail("cancelled; nothing was changed", "pass --yes to skip the question")
-    simulated = simulated_preset(simulate) is not None
-    state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
+    # One apply at a time on the node (the agent's reconciler takes the same lock), held from
+    # the plan to the verification: a plan made while another apply runs is already stale.
+    lock = _lock_or_exit(mig_lock_file(simulate, state_dir, mig_lock), lock_timeout)
     try:
-        report = execute(
-            node, prepared, cfg, state_dir=state, force=force, allow_reset=allow_reset, hooks=hooks
-        )
-    except GpuError as exc:
-        fail(str(exc), "see `nodeagent mig show` for what each GPU holds now", EXIT_DRIFT)
+        report, before = _apply_locked(
+            node, cfg, name, choice, yes, force, allow_reset, partial, hooks, simulate, state_dir,
+            mig_state,
+        )  # fmt: skip
+    finally:
+        lock.release()
     if as_json:
         emit_json(report.to_dict())
     else:
@@ -407,6 +453,79 @@ def apply(
             sys.stdout.write(f"note: resumed an interrupted apply of {report.resumed_from!r}\n")
         _print_report(report, _slices(node, report.gpus), before)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_DRIFT)
+
+
+def _apply_locked(
+    node: GpuNode,
+    cfg: MigConfigFile,
+    name: str,
+    choice: _Choice,
+    yes: bool,
+    force: bool,
+    allow_reset: bool,
+    partial: bool,
+    hooks: HooksFile | None,
+    simulate: str | None,
+    state_dir: Path | None,
+    mig_state: Path | None,
+) -> tuple[ApplyReport, dict[int, list[MigSlot]]]:
+    """Plan, confirm and execute under the MIG lock; exits before any change when refused."""
+    from nodeagent_mig.apply import execute
+
+    prepared = _prepare_or_exit(node, cfg, name, force)
+    before = _before(node, [w.index for w in prepared.work])
+    blocked = any(w.error is not None for w in prepared.work)
+    if not yes and not (blocked and not partial):
+        # Decide before changing anything: destroying instances needs the go-ahead, and so does
+        # a MIG mode change without --allow-reset, which may leave GPUs pending a reset (a
+        # half-made change); creating instances alone does not.
+        modes = [] if allow_reset else prepared.mode_changes
+        if modes or prepared.destroys:
+            _confirm_or_exit(modes, prepared.destroys)
+    simulated = simulated_preset(simulate) is not None
+    state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(
+            f"MIG state directory {state} cannot be created: {exc.strerror}; nothing was changed",
+            "point --mig-state-dir (env NODEAGENT_MIG_STATE_DIR) at a writable directory",
+        )
+    try:
+        report = execute(
+            node,
+            prepared,
+            cfg,
+            state_dir=state,
+            force=force,
+            allow_reset=allow_reset,
+            partial=partial,
+            hooks=hooks,
+        )
+    except GpuError as exc:
+        fail(str(exc), "see `nodeagent mig show` for what each GPU holds now", EXIT_DRIFT)
+    return report, before
+
+
+def _confirm_or_exit(modes: list[str], doomed: list[str]) -> None:
+    """Ask before a change that destroys instances or changes MIG modes; exit 2 on no."""
+    what = []
+    if doomed:
+        what.append(f"destroys {len(doomed)} instance(s)")
+    if modes:
+        what.append(f"changes the MIG mode of {len(modes)} GPU(s) (a GPU reset may be needed)")
+    items = modes + doomed
+    if not sys.stdin.isatty():
+        fail(
+            f"the layout {' and '.join(what)}: "
+            + ", ".join(items[:6])
+            + (" ..." if len(items) > 6 else "")
+            + "; nothing was changed",
+            "pass --yes to go ahead, or --dry-run to see the plan",
+        )
+    sys.stdout.write("This " + " and ".join(what) + ":\n" + "".join(f"  {d}\n" for d in items))
+    if not typer.confirm("Go ahead?", default=False):
+        fail("cancelled; nothing was changed", "pass --yes to skip the question")
 
 
 @app.command(name="assert")
@@ -424,12 +543,25 @@ def assert_(
         _nothing_to_do(choice, as_json)
     cfg, name = choice.cfg, choice.name
     node = open_node_or_exit(simulate, state_dir)
+    from nodeagent_mig.apply import differences
+
     prepared = _prepare_or_exit(node, cfg, name, False)
     diffs = differences(prepared)
     if as_json:
-        emit_json({"config": name, "matches": not diffs, "differences": diffs})
+        emit_json(
+            {
+                "config": name,
+                "matches": not diffs,
+                "differences": diffs,
+                "lost": sorted(prepared.lost),
+            }
+        )
     elif diffs:
         sys.stdout.write(f"layout {name!r} is not applied:\n" + "".join(f"  {d}\n" for d in diffs))
+        differing = {d.split(":", 1)[0] for d in diffs}
+        holding = [str(w.index) for w in prepared.work if f"GPU {w.index}" not in differing]
+        if holding:
+            sys.stdout.write(f"  (GPUs {','.join(holding)} hold it)\n")
     else:
         sys.stdout.write(
             f"layout {name!r} is applied on GPUs "
@@ -448,6 +580,7 @@ def _gpu_view(node: GpuNode, index: int) -> dict[str, Any]:
     instances = node.mig_instances(index) if geometry is not None and info.mig_enabled else ()
     view: dict[str, Any] = {
         "index": index,
+        "lost": False,
         "model": info.name,
         "mig_capable": geometry is not None,
         "mig_enabled": info.mig_enabled,
@@ -481,14 +614,24 @@ def show(
 ) -> None:
     """A slice map per GPU: instances over the memory slices, free slots, what still fits."""
     node = open_node_or_exit(simulate, state_dir)
+    views = []
     try:
-        views = [_gpu_view(node, i) for i in range(node.count())]
+        for i in range(node.count()):
+            try:
+                views.append(_gpu_view(node, i))
+            except GpuLost as exc:
+                # One GPU off the bus hides nothing of the others.
+                views.append({"index": i, "lost": True, "error": str(exc)})
     except GpuError as exc:
         fail(str(exc), "check the GPUs with `nvidia-smi` (or the simulator state)")
+    lost = [v for v in views if v["lost"]]
     if as_json:
         emit_json({"gpus": views})
-        return
+        raise typer.Exit(EXIT_DRIFT if lost else EXIT_OK)
     for v in views:
+        if v["lost"]:
+            sys.stdout.write(f"GPU {v['index']}  LOST  {v['error']}\n\n")
+            continue
         mode = "MIG on" if v["mig_enabled"] else ("MIG off" if v["mig_capable"] else "no MIG")
         if v["mig_pending"] != v["mig_enabled"] and v["mig_capable"]:
             mode += f" (pending {'on' if v['mig_pending'] else 'off'}: reset required)"
@@ -512,6 +655,8 @@ def show(
             + ("   (*...* = busy)" if any(i[3] for i in items) else "")
             + "\n\n"
         )
+    if lost:
+        raise typer.Exit(EXIT_DRIFT)
 
 
 @app.command()
@@ -526,20 +671,29 @@ def export(
     state_dir: StateDirOption = None,
 ) -> None:
     """The current layout as a v1 file that `apply` accepts (applying it changes nothing)."""
+    from nodeagent_mig.config import GpuTarget, parse_config, render_config
+
     node = open_node_or_exit(simulate, state_dir)
     targets = []
+    lost: dict[int, str] = {}
     try:
         for i in range(node.count()):
-            if node.mig_geometry(i) is None:
+            try:
+                if node.mig_geometry(i) is None:
+                    continue
+                info = node.info(i)
+                counts: dict[str, int] = {}
+                for g in node.mig_instances(i) if info.mig_enabled else ():
+                    counts[g.profile] = counts.get(g.profile, 0) + 1
+            except GpuLost as exc:
+                lost[i] = str(exc)
                 continue
-            info = node.info(i)
-            counts: dict[str, int] = {}
-            for g in node.mig_instances(i) if info.mig_enabled else ():
-                counts[g.profile] = counts.get(g.profile, 0) + 1
             targets.append(GpuTarget(i, info.mig_enabled, counts))
     except GpuError as exc:
         fail(str(exc), "check the GPUs with `nodeagent mig show`")
     if not targets:
+        if lost:
+            fail("every MIG-capable GPU is lost: " + "; ".join(lost.values()), "")
         fail("no MIG-capable GPU on this node", "MIG needs an A100, A30, H100, H200 or newer")
     text = render_config(name, targets)
     parse_config(text, "export")  # the export must always be a valid file
@@ -547,3 +701,8 @@ def export(
         sys.stdout.write(text)
     else:
         output.write_text(text, encoding="utf-8")
+    for i, why in sorted(lost.items()):
+        # The file lists the GPUs that answered; applying it leaves the lost one alone.
+        sys.stderr.write(f"warning: GPU {i} left out of the export: {why}\n")
+    if lost:
+        raise typer.Exit(EXIT_DRIFT)

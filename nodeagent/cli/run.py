@@ -9,8 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from nodeagent.agent.daemon import Agent
+from nodeagent.agent.backend import mig_lock_file
+from nodeagent.agent.daemon import Agent, StartupError
 from nodeagent.cli.common import (
+    MigLockOption,
     SimulateOption,
     StateDirOption,
     fail,
@@ -46,6 +48,7 @@ def run(
         str | None,
         typer.Option("--metrics-address", help="Serve /metrics on HOST:PORT."),
     ] = None,
+    mig_lock: MigLockOption = None,
     log_level: Annotated[
         str, typer.Option("--log-level", envvar="NODEAGENT_LOG_LEVEL", help="debug|info|warning")
     ] = "info",
@@ -84,9 +87,11 @@ def run(
         node,
         config_path=config,
         config_overrides=overrides,
+        mig_lock_file=mig_lock_file(simulate, state_dir, mig_lock),
     )
     try:
         code = agent.serve()
-    except PermissionError as exc:
-        fail(f"{exc.strerror}: {exc.filename}", "run as root or point --agent-state-dir elsewhere")
+    except StartupError as exc:
+        node.close()
+        fail(str(exc), exc.hint)
     raise typer.Exit(code)

@@ -128,6 +128,23 @@ def inject_cmd(
         )
     except SimError as exc:
         fail(str(exc), exc.hint)
+    details = [
+        f"{name} {value}"
+        for name, value in (
+            ("code", code), ("version", version), ("count", count), ("function", function),
+        )
+        if value is not None
+    ]  # fmt: skip
+    target = f"MIG device {mig} of GPU {gpu}" if mig else f"GPU {gpu}"
+    _done(
+        control,
+        f"injected {kind}" + (f" ({', '.join(details)})" if details else "") + f" into {target}",
+    )
+
+
+def _done(control: SimControl, what: str) -> None:
+    """Say what a command changed on which simulated node (silence reads as nothing done)."""
+    sys.stdout.write(f"{what} (simulated node in {control.store.state_dir})\n")
 
 
 @app.command("clear")
@@ -140,6 +157,7 @@ def clear_cmd(
         control.clear(gpu)
     except SimError as exc:
         fail(str(exc), exc.hint)
+    _done(control, f"cleared the faults of GPU {gpu}")
 
 
 @app.command("reset-gpu")
@@ -152,6 +170,7 @@ def reset_gpu_cmd(
         control.reset_gpu(gpu)
     except SimError as exc:
         fail(str(exc), exc.hint)
+    _done(control, f"reset GPU {gpu}")
 
 
 @process_app.command("add")
@@ -185,6 +204,7 @@ def process_remove_cmd(
         control.remove_process(pid)
     except SimError as exc:
         fail(str(exc), exc.hint)
+    _done(control, f"removed process {pid}")
 
 
 @app.command(

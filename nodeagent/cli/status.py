@@ -2,6 +2,7 @@
 
 It samples the GPUs itself (utilization, memory, temperature, power, MIG layout) and adds the
 health a running agent reports; ``--watch`` redraws every few seconds like ``watch``/``top``.
+Health from an agent that no longer runs (its state-directory lock is free) is marked stale.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nodeagent.cli.common import (
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import GpuState, NodeSnapshot
 from nodeagent.health.statefile import read_status
+from nodeagent.runtime.lock import AGENT_LOCK_FILE, is_held
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home + clear screen (ANSI; every terminal nodeagent targets)
 
@@ -49,7 +51,7 @@ def _mig_layout_cell(gpu: GpuState) -> str:
     return f"{layout} ({busy} busy)" if busy else layout
 
 
-def gpu_row(gpu: GpuState, health: dict[str, str]) -> dict[str, Any]:
+def gpu_row(gpu: GpuState, health: dict[str, str], stale: bool = False) -> dict[str, Any]:
     """One GPU's line of the view, as data (also the ``--json`` shape)."""
     t = gpu.telemetry
     return {
@@ -64,6 +66,8 @@ def gpu_row(gpu: GpuState, health: dict[str, str]) -> dict[str, Any]:
         "processes": None if t is None else len(t.processes),
         "mig": _mig_layout_cell(gpu),
         "health": "lost" if gpu.lost else health.get(gpu.info.uuid, "unknown"),
+        # The agent that wrote the health stopped: the state shown is its last word, not now.
+        "health_stale": stale and not gpu.lost and gpu.info.uuid in health,
     }
 
 
@@ -71,9 +75,9 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def render(snapshot: NodeSnapshot, status: dict[str, Any] | None) -> str:
-    """The view as text."""
-    rows = [gpu_row(g, _health_by_uuid(status)) for g in snapshot.gpus]
+def render(snapshot: NodeSnapshot, status: dict[str, Any] | None, running: bool = True) -> str:
+    """The view as text; ``running``: whether the agent that wrote ``status`` still runs."""
+    rows = [gpu_row(g, _health_by_uuid(status), not running) for g in snapshot.gpus]
     header = (
         f"driver {snapshot.driver_version}  CUDA {snapshot.cuda_driver_version}  "
         f"{len(snapshot.gpus)} GPUs  sampled {time.strftime('%H:%M:%S')}"
@@ -82,6 +86,9 @@ def render(snapshot: NodeSnapshot, status: dict[str, Any] | None) -> str:
         stability = status.get("stability", {})
         header += f"  node {status.get('health')}, {stability.get('level')}"
         header += f" (score {stability.get('score', 0):.1f})"
+        if not running:
+            when = time.strftime("%H:%M:%S", time.localtime(float(status.get("timestamp_s", 0))))
+            header += f"  (agent not running: health is stale, last written {when})"
     else:
         header += "  (no agent running: health unknown)"
     lines = [header, ""]
@@ -98,7 +105,7 @@ def render(snapshot: NodeSnapshot, status: dict[str, Any] | None) -> str:
             _fmt(r["temperature_celsius"], "{:.0f}C"),
             _fmt(r["power_watts"], "{:.0f}W"),
             _fmt(r["processes"], "{}"),
-            r["health"],
+            r["health"] + (" (stale)" if r["health_stale"] else ""),
             r["mig"],
         ]
         for r in rows
@@ -130,11 +137,17 @@ def status(
                 agent_status = read_status(state)
             except ValueError:
                 agent_status = None  # being rewritten, or damaged: show health as unknown
+            running = is_held(state / AGENT_LOCK_FILE)
             if as_json:
                 health = _health_by_uuid(agent_status)
-                emit_json({"gpus": [gpu_row(g, health) for g in snapshot.gpus]})
+                emit_json(
+                    {
+                        "agent": {"running": running},
+                        "gpus": [gpu_row(g, health, not running) for g in snapshot.gpus],
+                    }
+                )
             else:
-                text = render(snapshot, agent_status)
+                text = render(snapshot, agent_status, running)
                 sys.stdout.write((CLEAR if watch is not None else "") + text)
                 sys.stdout.flush()
             if watch is None:

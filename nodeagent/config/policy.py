@@ -118,6 +118,9 @@ class PoolPolicy(Schema):
     request_sizes: tuple[str, ...] = Field(
         (), description='MIG profiles / "gpu" sizes the pool\'s jobs ask for'
     )
+    mig_partial_apply: bool = Field(
+        False, description="apply the layout to the other GPUs while a busy one waits"
+    )
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""

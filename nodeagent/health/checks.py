@@ -28,6 +28,11 @@ CLOCK_EVENT_SLOWDOWNS: dict[ClockEventReason, str] = {
 }
 
 
+# Conditions of the host rather than of one GPU: seen on every GPU (each device's state shows
+# them), counted once per node in the stability score.
+NODE_WIDE_KEYS = frozenset({"driver-version"})
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """A condition seen on one GPU (or one MIG GPU instance) at one moment."""

@@ -17,7 +17,7 @@ from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.protocols import EventSource
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
-from nodeagent.health.statefile import history_path
+from nodeagent.health.statefile import history_path, status_path
 from nodeagent.kube.node import NodePatcher, make_api
 from nodeagent.runtime.snapshots import SnapshotFeed
 
@@ -137,6 +137,7 @@ def build_model(config: AgentConfig) -> HealthModel | None:
         config.health,
         expected_driver=config.pool.expected_driver_version,
         history_path=history_path(config.state_dir),
+        status_path=status_path(config.state_dir),
     )
 
 

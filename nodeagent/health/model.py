@@ -9,12 +9,22 @@ faults plus those of its GPU instance.
 
 Transitions are delivered synchronously on the thread that caused them (the event thread for
 XIDs, the sampler thread for snapshot checks), so the device plugin hears of an XID within the
-time it takes to run the callbacks.
+time it takes to run the callbacks; each is logged in one line.
+
+Restarts never shorten a hold (docs/health.md, "Across restarts"): while a fault is observed,
+its ``last`` time is written to the history at least every :data:`HISTORY_REFRESH_S` (at once,
+from the sample, when it is seen again after a longer gap, as after a restart), and a restored
+fault counts as seen :data:`RESTORE_SLACK_S` after its saved ``last``. Every restored
+fault is *carried* until the first sample: seen again there, it is the same incident (no new
+weight in the score, however long the agent was down); not seen, it then expires by its hold.
+A history that cannot be used is moved aside, and the node starts from the last published
+status, or as ``unknown`` until the first sample, never as "stable" by default.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -25,8 +35,9 @@ from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.health import HealthSection
+from nodeagent.gpu.inventory import unknown_gpu_id
 from nodeagent.gpu.types import EventKind, GpuEvent, NodeSnapshot
-from nodeagent.health.checks import Observation, SnapshotChecks
+from nodeagent.health.checks import NODE_WIDE_KEYS, Observation, SnapshotChecks
 from nodeagent.health.score import (
     HISTORY_VERSION,
     FaultRecord,
@@ -39,6 +50,17 @@ from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
 from nodeagent.runtime.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
+
+# While a fault is observed, its last-seen time reaches the history at least this often (one
+# fsync'd write per interval while faults last, not one per sample).
+HISTORY_REFRESH_S = 5.0
+# What a restored fault's saved last-seen time may lag the truth by: the refresh interval plus
+# the reporter's pace (it saves once a second); a restored fault counts as seen that much later.
+RESTORE_SLACK_S = 2 * HISTORY_REFRESH_S
+# Where an unusable history is kept for inspection: history.json -> history.json.unusable-<time>.
+UNUSABLE_SUFFIX = ".unusable-"
+# The key of a fault restored from the published status (the history was unusable).
+PUBLISHED_KEY = "published"
 
 Clock = Callable[[], float]
 TransitionCallback = Callable[[HealthTransition], None]
@@ -77,6 +99,7 @@ class Fault:
     last_s: float
     hold_s: float
     count: int = 1
+    saved_last_s: float = field(default=-math.inf, compare=False)  # last_s in the history file
 
     def expired(self, now_s: float) -> bool:
         """Whether the condition has been quiet for its whole hold time."""
@@ -99,22 +122,63 @@ class Fault:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Fault:
-        """Inverse of :meth:`to_json`."""
+    def from_json(cls, d: Any) -> Fault:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: ``d`` is not a fault as :meth:`to_json` writes it (the message says why).
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"a fault is {type(d).__name__}, not an object")
         gi = d.get("gi")
         return cls(
-            int(d["gpu"]),
-            str(d["uuid"]),
-            None if gi is None else int(gi),
-            str(d["key"]),
-            HealthState(d["state"]),
-            str(d["reason"]),
-            Action(d["action"]),
-            float(d["first"]),
-            float(d["last"]),
-            float(d["hold"]),
-            int(d.get("count", 1)),
+            _integer(d, "gpu"),
+            _text(d, "uuid"),
+            None if gi is None else _integer(d, "gi"),
+            _text(d, "key"),
+            _enum(HealthState, d, "state"),
+            _text(d, "reason"),
+            _enum(Action, d, "action"),
+            _number(d, "first"),
+            _number(d, "last"),
+            _number(d, "hold"),
+            _integer(d, "count") if "count" in d else 1,
         )
+
+
+def _field(d: Mapping[str, Any], key: str) -> Any:
+    if key not in d:
+        raise ValueError(f"missing {key!r}")
+    return d[key]
+
+
+def _number(d: Mapping[str, Any], key: str) -> float:
+    value = _field(d, key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key!r} is {value!r}, not a finite number")
+    return float(value)
+
+
+def _integer(d: Mapping[str, Any], key: str) -> int:
+    value = _field(d, key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key!r} is {value!r}, not an integer")
+    return value
+
+
+def _text(d: Mapping[str, Any], key: str) -> str:
+    value = _field(d, key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key!r} is {value!r}, not a string")
+    return value
+
+
+def _enum(kind: Any, d: Mapping[str, Any], key: str) -> Any:
+    value = _field(d, key)
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"{key!r} is {value!r}, not one of {[k.value for k in kind]}") from None
 
 
 @dataclass
@@ -141,6 +205,12 @@ class NodeHealth:
     events_total: Mapping[str, int]  # by event kind
     xids_total: Mapping[tuple[str, int], int]  # by (GPU UUID, XID)
     xid_last_s: Mapping[tuple[str, int], float]
+    history_errors: int = 0  # unusable history files moved aside since the agent started
+
+    @property
+    def known(self) -> bool:
+        """False until the node's health is known (level ``unknown``): nothing to publish yet."""
+        return self.level is not StabilityLevel.UNKNOWN
 
     @property
     def worst(self) -> HealthState:
@@ -157,7 +227,9 @@ class HealthModel:
         *,
         expected_driver: str | None = None,
         history_path: Path | None = None,
+        status_path: Path | None = None,
         clock: Clock = time.time,
+        read_only: bool = False,
     ) -> None:
         self.config = config
         self.policy = XidPolicy(frozenset(config.ignore_xids), frozenset(config.fatal_xids))
@@ -178,6 +250,16 @@ class HealthModel:
         self._xid_last: dict[tuple[str, int], float] = {}
         self.dirty = False  # history changed since the last save
         self.snapshots_seen = 0
+        self.history_errors = 0
+        self.status_path = status_path
+        self.read_only = read_only  # a one-shot look (the CLI): never move or write files
+        # Faults restored from disk, kept whatever their age until the first sample decides.
+        self._carried: set[tuple[str, int | None, str]] = set()
+        self._keys: dict[int, set[str]] = {}  # fault keys per GPU index at the last recompute
+        self._behind = False  # a fault's last sighting is further ahead than the file allows
+        # Whether the node's state is known before the first sample (from a history or the
+        # published status); a node that knows nothing is "unknown" until it has sampled.
+        self._known_at_start = False
         if history_path is not None:
             self._restore(history_path)
 
@@ -211,6 +293,7 @@ class HealthModel:
     def on_snapshot(self, snapshot: NodeSnapshot) -> None:
         """Run the snapshot checks, refresh the device list and expire quiet faults."""
         now = self._clock()
+        snapshot = self._known_identities(snapshot)
         observations = self.checks.run(snapshot, now)
         with self._lock:
             self.snapshots_seen += 1
@@ -231,8 +314,32 @@ class HealthModel:
             self._gpus = current
             for obs in observations:
                 self._observe(obs, now)
+            # The first full sample has spoken: a carried fault it saw again goes on as the
+            # same incident; one it did not see now expires by its hold like any other.
+            self._carried.clear()
             changes = self._recompute(now)
+            behind, self._behind = self._behind, False
+        if behind:
+            self.save()
         self._deliver(changes)
+
+    def _known_identities(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Give a GPU lost before this process could read its UUID the UUID the history knew.
+
+        Without it, a GPU lost across a restart would be a new device (a stand-in ID, a second
+        incident) while its real one, no longer observed, came back healthy.
+        """
+        with self._lock:
+            known = {g.index: g.uuid for g in self._gpus.values()}
+        if not known or not any(g.info.uuid == unknown_gpu_id(g.info.index) for g in snapshot.gpus):
+            return snapshot
+        gpus = tuple(
+            replace(g, info=replace(g.info, uuid=known[g.info.index]))
+            if g.info.uuid == unknown_gpu_id(g.info.index) and g.info.index in known
+            else g
+            for g in snapshot.gpus
+        )
+        return replace(snapshot, gpus=gpus)
 
     def tick(self) -> None:
         """Expire faults whose hold time passed (called periodically by the component)."""
@@ -247,6 +354,8 @@ class HealthModel:
         now = self._clock()
         with self._lock:
             level = self.score.level(now)
+            if not self._known_at_start and self.snapshots_seen == 0:
+                level = StabilityLevel.UNKNOWN
             devices = sorted(
                 self._health.values(), key=lambda d: (d.gpu_index, d.uuid not in self._gpus, d.uuid)
             )
@@ -263,6 +372,7 @@ class HealthModel:
                 events_total=dict(self._events),
                 xids_total=dict(self._xids),
                 xid_last_s=dict(self._xid_last),
+                history_errors=self.history_errors,
             )
 
     def faults(self) -> list[Fault]:
@@ -270,12 +380,17 @@ class HealthModel:
         with self._lock:
             return [replace(f) for f in self._faults.values()]
 
-    def save(self) -> None:
-        """Write the history (score, flapping, active faults) atomically, if it changed."""
-        if self.history_path is None:
+    def save(self, *, final: bool = False) -> None:
+        """Write the history (score, flapping, active faults) atomically, if it changed.
+
+        ``final`` (at shutdown) also writes last-seen times that moved less than
+        :data:`HISTORY_REFRESH_S` since the previous write.
+        """
+        if self.history_path is None or self.read_only:
             return
         with self._lock:
-            if not self.dirty:
+            moved = any(f.last_s != f.saved_last_s for f in self._faults.values())
+            if not self.dirty and not (final and moved):
                 return
             data = {
                 "version": HISTORY_VERSION,
@@ -284,29 +399,101 @@ class HealthModel:
                 "faults": [f.to_json() for f in self._faults.values()],
             }
             self.dirty = False
-        write_json_atomic(self.history_path, data)
+            for fault in self._faults.values():
+                fault.saved_last_s = fault.last_s
+        try:
+            write_json_atomic(self.history_path, data)
+        except OSError as exc:
+            with self._lock:
+                self.dirty = True  # try again at the next report
+            log.error("cannot write the health history %s: %s", self.history_path, exc)
 
     # --- internals -----------------------------------------------------------------------------
     def _restore(self, path: Path) -> None:
+        """Take the score and the active faults from the history file (see the module doc)."""
         try:
             data = read_json(path)
-        except ValueError as exc:
-            # A corrupt history must not keep the agent from starting; say so loudly.
-            log.error("ignoring health history: %s", exc)
+            if data is None and not path.exists():
+                self._restore_published()  # no history (first start, or it was removed)
+                return
+            score, faults = _parse_history(data)
+        except (OSError, ValueError) as exc:
+            self._set_aside(path, exc)
+            self._restore_published()
             return
-        if not isinstance(data, dict) or data.get("version") != HISTORY_VERSION:
-            if data is not None:
-                log.error("ignoring health history %s: unknown version", path)
-            return
-        self.score.load_json(data.get("score", {}))
+        self.score.load_json(score)
         now = self._clock()
-        for raw in data.get("faults", []):
-            fault = Fault.from_json(raw)
-            if not fault.expired(now):
-                # Fail closed: a fault active when the agent stopped stays until its hold ends.
-                self._faults[(fault.gpu_uuid, fault.gpu_instance_id, fault.key)] = fault
-                self._know_gpu(fault.gpu_index, fault.gpu_uuid)
+        for fault in faults:
+            # What the file holds; the next sighting refreshes it by the usual rule.
+            fault.saved_last_s = fault.last_s
+            # The saved last-seen time lags the truth by up to RESTORE_SLACK_S: on doubt, hold.
+            fault.last_s = max(fault.last_s, min(fault.last_s + RESTORE_SLACK_S, now))
+            self._carry(fault)
+        self._known_at_start = True
+        if faults:
+            log.info("restored %d active fault(s) from %s", len(faults), path)
         self._recompute(now, count_transitions=False)
+
+    def _carry(self, fault: Fault) -> None:
+        key = (fault.gpu_uuid, fault.gpu_instance_id, fault.key)
+        self._faults[key] = fault
+        self._carried.add(key)
+        self._know_gpu(fault.gpu_index, fault.gpu_uuid)
+
+    def _set_aside(self, path: Path, why: Exception) -> None:
+        """Keep an unusable history for inspection, say so, count it."""
+        self.history_errors += 1
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
+        aside = path.with_name(f"{path.name}{UNUSABLE_SUFFIX}{stamp}")
+        if self.read_only:
+            log.error("health history %s is unusable (%s); the agent sets it aside", path, why)
+            return
+        try:
+            path.rename(aside)
+            kept = f"moved to {aside}"
+        except OSError as exc:
+            kept = f"could not move it aside: {exc.strerror}"
+        log.error("health history %s is unusable (%s); %s", path, why, kept)
+
+    def _restore_published(self) -> None:
+        """Start from the status the agent last published; unknown until sampled without one.
+
+        The published score becomes one record at the status's time (so it decays as the lost
+        history would have), its level the score's level, and every GPU it showed unhealthy a
+        carried fault held for the quiet period.
+        """
+        path = self.status_path
+        if path is None:
+            return
+        try:
+            data = read_json(path)
+            if data is None:
+                return
+            published = _parse_status(data)
+        except (OSError, ValueError) as exc:
+            log.error("cannot start from the published health status %s: %s", path, exc)
+            return
+        timestamp, level, score, devices = published
+        if score > 0:
+            self.score.record(FaultRecord(timestamp, score, -1, "published before a restart"))
+        self.score.score_level = level
+        for index, uuid, state, reasons, action, since in devices:
+            fault = Fault(
+                index,
+                uuid,
+                None,
+                PUBLISHED_KEY,
+                state,
+                "; ".join(reasons) or state.value,
+                action,
+                since,
+                timestamp,
+                self.config.recovery_quiet_s,
+            )
+            self._carry(fault)
+        self._known_at_start = True
+        log.warning("health restored from the published status %s (level %s)", path, level)
+        self._recompute(self._clock(), count_transitions=False)
 
     def _know_gpu(self, index: int, uuid: str) -> None:
         if uuid and uuid not in self._gpus:
@@ -371,6 +558,8 @@ class HealthModel:
                 if uuid == obs.gpu_uuid and gi in (None, obs.gpu_instance_id)
             )
             weight = max(weight - max(active, default=0.0), 0.0)
+            if obs.key in NODE_WIDE_KEYS and any(k[2] == obs.key for k in self._faults):
+                weight = 0.0  # the host's condition, already counted on another GPU
             self._faults[key] = Fault(
                 obs.gpu_index,
                 obs.gpu_uuid,
@@ -387,6 +576,13 @@ class HealthModel:
             self.dirty = True
             return
         fault.last_s = now
+        if now - fault.saved_last_s >= HISTORY_REFRESH_S:
+            self.dirty = True  # the hold counts from here: the history must know it
+        if now - fault.saved_last_s > RESTORE_SLACK_S:
+            # Seen again after a gap (first sight after a restart): the file is further behind
+            # than a restore allows for, so it is written before this sample is done, not at
+            # the reporter's next pass, which a crash right now would never reach.
+            self._behind = True
         fault.count += 1
         fault.reason = obs.reason
         fault.hold_s = max(fault.hold_s, hold)
@@ -398,7 +594,7 @@ class HealthModel:
         self, now: float, *, count_transitions: bool = True
     ) -> list[tuple[HealthTransition | None, bool]]:
         """Expire faults and rebuild device health; returns (transition, changed) pairs."""
-        expired = [k for k, f in self._faults.items() if f.expired(now)]
+        expired = [k for k, f in self._faults.items() if f.expired(now) and k not in self._carried]
         for k in expired:
             del self._faults[k]
         if expired:
@@ -415,6 +611,10 @@ class HealthModel:
                 fresh[mig_uuid] = self._device(mig_uuid, gpu.index, faults, now)
         out: list[tuple[HealthTransition | None, bool]] = []
         flapped: set[int] = set()
+        keys: dict[int, set[str]] = {}
+        for uuid, _, key in self._faults:
+            if uuid in self._gpus:
+                keys.setdefault(self._gpus[uuid].index, set()).add(key)
         for uuid, health in fresh.items():
             old = self._health.get(uuid)
             if old is None:
@@ -433,11 +633,51 @@ class HealthModel:
         if len(fresh) != len(self._health):
             out.append((None, True))
         if count_transitions:
-            for _ in flapped:  # one per physical GPU, however many MIG devices it has
+            # One per physical GPU, however many MIG devices it has; a host condition that
+            # came or went on every GPU at once (driver drift) is one change of the node.
+            before = self._keys
+            host = {i for i in flapped if _host_only(keys.get(i, set()) ^ before.get(i, set()))}
+            for _ in range(len(flapped - host) + (1 if host else 0)):
                 self.score.transition(now)
                 self.dirty = True
+            self._log_transitions([t for t, _ in out if t is not None])
+        self._keys = keys
         self._health = fresh
         return out
+
+    def _log_transitions(self, transitions: list[HealthTransition]) -> None:
+        """One line per GPU that changed state; its MIG devices that followed it are counted.
+
+        A MIG device that changed on its own (a fault of its GPU instance) gets its own line.
+        """
+        parent = {m: g.uuid for g in self._gpus.values() for m in g.mig}
+        by_uuid = {t.current.uuid: t for t in transitions}
+        followed: Counter[str] = Counter()
+        for t in transitions:
+            gpu = parent.get(t.current.uuid)
+            if gpu is not None and gpu in by_uuid and _same(by_uuid[gpu], t):
+                followed[gpu] += 1
+        for t in transitions:
+            cur = t.current
+            gpu = parent.get(cur.uuid)
+            if gpu is not None and gpu in by_uuid and _same(by_uuid[gpu], t):
+                continue
+            where = f"GPU {cur.gpu_index} ({cur.uuid})"
+            if gpu is not None:
+                where = f"GPU {cur.gpu_index} MIG device {cur.uuid}"
+            elif followed[cur.uuid]:
+                where += f" and its {followed[cur.uuid]} MIG device(s)"
+            worse = severity(cur.state) > severity(t.previous)
+            why = "; ".join(cur.reasons) if cur.reasons else "condition cleared and stayed quiet"
+            log.log(
+                logging.WARNING if worse else logging.INFO,
+                "%s: %s -> %s: %s; action: %s",
+                where,
+                t.previous.value,
+                cur.state.value,
+                _bounded(why),
+                cur.action,
+            )
 
     def _device(self, uuid: str, index: int, faults: list[Fault], now: float) -> DeviceHealth:
         old = self._health.get(uuid)
@@ -458,6 +698,12 @@ class HealthModel:
             since = now
         return DeviceHealth(uuid, index, state, reasons, action.value, since)
 
+    @property
+    def known(self) -> bool:
+        """Whether the node's health is known (restored at start, or sampled once)."""
+        with self._lock:
+            return self._known_at_start or self.snapshots_seen > 0
+
     def _deliver(self, changes: list[tuple[HealthTransition | None, bool]]) -> None:
         if not changes:
             return
@@ -467,3 +713,110 @@ class HealthModel:
                 if transition is not None:
                     self._subscribers.notify(transition, subscribers)
             self._listeners.notify(None)
+
+
+def _host_only(changed: set[str]) -> bool:
+    """Whether a GPU's fault keys changed only by host conditions (and changed at all)."""
+    return bool(changed) and changed <= NODE_WIDE_KEYS
+
+
+def _same(a: HealthTransition, b: HealthTransition) -> bool:
+    return (a.previous, a.current.state, a.current.reasons) == (
+        b.previous,
+        b.current.state,
+        b.current.reasons,
+    )
+
+
+def _bounded(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse_history(data: Any) -> tuple[dict[str, Any], list[Fault]]:
+    """The score state and faults of a history file's content.
+
+    Raises:
+        ValueError: the content is not a history of this version (the message says why).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"the file holds {type(data).__name__}, not an object")
+    if data.get("version") != HISTORY_VERSION:
+        raise ValueError(f"unknown version {data.get('version')!r}")
+    score = data.get("score", {})
+    if not isinstance(score, dict):
+        raise ValueError("'score' is not an object")
+    records = score.get("records", [])
+    transitions = score.get("transitions", [])
+    if not isinstance(records, list) or not isinstance(transitions, list):
+        raise ValueError("'score.records' and 'score.transitions' must be lists")
+    for record in records:
+        if not isinstance(record, dict):
+            raise ValueError("a score record is not an object")
+        for check, key in ((_number, "t"), (_number, "w"), (_integer, "gpu"), (_text, "reason")):
+            check(record, key)
+    for t in transitions:
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+            raise ValueError(f"a transition time is {t!r}")
+    level = score.get("score_level", "stable")
+    known = {lv.value for lv in StabilityLevel if lv is not StabilityLevel.UNKNOWN}
+    if not isinstance(level, str) or level not in known:
+        raise ValueError(f"'score.score_level' is {level!r}")
+    if "flapping" in score and not isinstance(score["flapping"], bool):
+        raise ValueError(f"'score.flapping' is {score['flapping']!r}")
+    faults = data.get("faults", [])
+    if not isinstance(faults, list):
+        raise ValueError("'faults' is not a list")
+    parsed = []
+    for i, raw in enumerate(faults):
+        try:
+            parsed.append(Fault.from_json(raw))
+        except ValueError as exc:
+            raise ValueError(f"fault {i}: {exc}") from None
+    return score, parsed
+
+
+PublishedDevice = tuple[int, str, HealthState, tuple[str, ...], Action, float]
+
+
+def _parse_status(
+    data: Any,
+) -> tuple[float, StabilityLevel, float, list[PublishedDevice]]:
+    """(time, level, score, GPUs not healthy) of a published status file's content.
+
+    Raises:
+        ValueError: the content is not a status file (the message says why).
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("stability"), dict):
+        raise ValueError("not a health status file")
+    timestamp = _number(data, "timestamp_s")
+    stability = data["stability"]
+    level = _enum(StabilityLevel, stability, "level")
+    if level is StabilityLevel.UNKNOWN:
+        raise ValueError("it published no known level")
+    score = _number(stability, "score")
+    devices = data.get("devices", [])
+    if not isinstance(devices, list):
+        raise ValueError("'devices' is not a list")
+    out: list[PublishedDevice] = []
+    for d in devices:
+        if not isinstance(d, dict) or d.get("parent") is not None:
+            continue  # MIG devices follow their GPU
+        state = _enum(HealthState, d, "state")
+        if state is HealthState.HEALTHY:
+            continue
+        reasons = d.get("reasons", [])
+        try:
+            action = Action(d.get("action", "none"))
+        except ValueError:
+            action = Action.DRAIN_INVESTIGATE
+        out.append(
+            (
+                _integer(d, "gpu"),
+                _text(d, "uuid"),
+                state,
+                tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
+                action,
+                _number(d, "since_s"),
+            )
+        )
+    return timestamp, level, score, out

@@ -112,6 +112,10 @@ class Reporter:
         health = self.model.node_health()
         interval = self.model.config.report_interval_s
         self.model.save()
+        if not health.known:
+            # Nothing restored and nothing sampled yet: publishing now would say "stable" and
+            # "healthy" about a node nobody looked at. The first sample comes within a second.
+            return min(interval, 1.0)
         # The state file carries the time of writing, so rewrite on change or on heartbeat.
         key = (
             health.level,
@@ -167,4 +171,4 @@ class Reporter:
                 self.model.tick()
         finally:
             remove()
-            self.model.save()
+            self.model.save(final=True)

@@ -33,11 +33,16 @@ HISTORY_VERSION = 1
 
 
 class StabilityLevel(enum.StrEnum):
-    """How stable the node has been lately, best first."""
+    """How stable the node has been lately, best first; ``unknown`` before anything is known.
+
+    ``unknown`` is never the score's own level: the model reports it while it has neither a
+    usable history nor a first sample, so a restart never publishes "stable" by default.
+    """
 
     STABLE = "stable"
     DEGRADED = "degraded"
     UNSTABLE = "unstable"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.atomicfile import write_json_atomic
-from nodeagent.health.model import NodeHealth
 from nodeagent.health.score import read_json
+
+if TYPE_CHECKING:  # readers of the file (`nodeagent status`) need not load the model
+    from nodeagent.health.model import NodeHealth
 
 STATUS_VERSION = 1
 HEALTH_DIR = "health"

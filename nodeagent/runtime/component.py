@@ -35,3 +35,21 @@ class Reloadable(Protocol):
     def reload(self, config: AgentConfig) -> None:
         """Adopt ``config``; called from the main thread."""
         ...
+
+
+@runtime_checkable
+class Preparable(Protocol):
+    """A component that claims something exclusive (a listening port) before any component runs.
+
+    The agent calls ``prepare`` for every such component before starting the first one, so a
+    taken port ends the start in one line instead of a component restart loop; ``unprepare``
+    gives back what ``prepare`` took when the start is abandoned.
+    """
+
+    def prepare(self) -> None:
+        """Claim the resource. Raises OSError when it is taken."""
+        ...
+
+    def unprepare(self) -> None:
+        """Give back what :meth:`prepare` claimed, if anything (safe to call twice)."""
+        ...

@@ -64,7 +64,7 @@ class NodeHealthView(Protocol):
 
     @property
     def level(self) -> str:
-        """Stability level: stable, degraded or unstable."""
+        """Stability level: stable, degraded or unstable; unknown before the first sample."""
         ...
 
     @property
@@ -80,6 +80,11 @@ class NodeHealthView(Protocol):
     @property
     def xid_last_s(self) -> Mapping[tuple[str, int], float]:
         """Unix time each (GPU UUID, code) was last seen."""
+        ...
+
+    @property
+    def history_errors(self) -> int:
+        """Unusable health-history files set aside since the agent started."""
         ...
 
 

@@ -16,7 +16,7 @@ import pynvml
 
 from nodeagent.sim import ops, presets
 from nodeagent.sim.nvml import HANDLE_FUNCTIONS, SimNvml
-from nodeagent.sim.state import SimStateError, State, StateStore, new_state
+from nodeagent.sim.state import SimStateCorruptError, SimStateError, State, StateStore, new_state
 
 
 class SimError(ValueError):
@@ -64,6 +64,8 @@ class SimControl:
         self._check_preset(self.preset)
         try:
             return self.store.ensure(self.preset)
+        except SimStateCorruptError as exc:
+            raise SimError(str(exc)) from None  # the message names `nodeagent sim reset`
         except SimStateError as exc:
             raise SimError(
                 str(exc), "pass --simulate PRESET (or set NODEAGENT_SIMULATE) to create one"
@@ -74,7 +76,10 @@ class SimControl:
         """Replace the node with a fresh one of ``preset`` (default: the node's current preset)."""
         name = preset or self.preset
         if name is None and self.store.exists():
-            name = str(self.store.read()["preset"])
+            try:
+                name = str(self.store.read()["preset"])
+            except SimStateError:
+                name = None  # a corrupt node cannot say what it was
         if name is None:
             raise SimError("no preset to reset to", "pass --simulate PRESET")
         self._check_preset(name)

@@ -16,12 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.sim import presets
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 STATE_FILE = "state.json"
 LOCK_FILE = "state.json.lock"
@@ -56,6 +57,90 @@ def _warn_other_preset(state_dir: Path, held: str, asked: str) -> None:
 
 class SimStateError(Exception):
     """The state directory cannot be used (unreadable, corrupt, or no preset to seed it)."""
+
+
+class SimStateCorruptError(SimStateError):
+    """The state file exists but is not a simulated node (truncated, edited, another format).
+
+    The message names the file, what is wrong and the command that recreates the node.
+    """
+
+    def __init__(self, path: Path, what: str, preset: str | None = None) -> None:
+        reset = f"nodeagent sim reset --simulate {preset or 'PRESET'} --state-dir "
+        reset += shlex.quote(str(path.parent))
+        super().__init__(f"simulated node state {path} is corrupt ({what}); recreate it: {reset}")
+        self.path = path
+        self.what = what
+        self.preset = preset
+
+
+# What every state file has at the top, and what every GPU entry has: enough that a damaged
+# file is refused at load in one line instead of failing later inside some NVML call.
+_STATE_KEYS: dict[str, type | tuple[type, ...]] = {
+    "schema": int,
+    "preset": str,
+    "generation": int,
+    "driver_version": str,
+    "cuda_driver_version": int,
+    "next_pid": int,
+    "next_serial": int,
+    "event_seq": int,
+    "events": list,
+    "processes": list,
+    "gpus": list,
+}
+_GPU_KEYS: dict[str, type | tuple[type, ...]] = {
+    "index": int,
+    "uuid": str,
+    "model": str,
+    "serial": str,
+    "bus": int,
+    "minor": int,
+    "numa": (int, type(None)),
+    "nvlinks": list,
+    "mig": dict,
+    "instances": list,
+    "faults": dict,
+    "ecc": dict,
+    "remap": dict,
+    "retired": dict,
+    "pcie_replay": int,
+    "nvlink_errors": int,
+    "energy": dict,
+}
+
+
+def check_state(path: Path, state: object) -> State:
+    """``state`` as a node, or SimStateCorruptError saying what is wrong with it."""
+    if not isinstance(state, dict):
+        raise SimStateCorruptError(path, f"it holds {type(state).__name__}, not an object")
+    preset = state.get("preset") if isinstance(state.get("preset"), str) else None
+    for key, kind in _STATE_KEYS.items():
+        if not isinstance(state.get(key), kind):
+            raise SimStateCorruptError(path, f"{key!r} is missing or not {_name(kind)}", preset)
+    if state["schema"] != SCHEMA_VERSION:
+        raise SimStateCorruptError(
+            path, f"schema {state['schema']!r}, this version reads {SCHEMA_VERSION}", preset
+        )
+    if not state["gpus"]:
+        raise SimStateCorruptError(path, "no GPUs", preset)
+    for i, gpu in enumerate(state["gpus"]):
+        if not isinstance(gpu, dict):
+            raise SimStateCorruptError(path, f"GPU {i} is not an object", preset)
+        for key, kind in _GPU_KEYS.items():
+            if key not in gpu or not isinstance(gpu[key], kind):
+                raise SimStateCorruptError(
+                    path, f"GPU {i}: {key!r} is missing or not {_name(kind)}", preset
+                )
+        if gpu["index"] != i:
+            raise SimStateCorruptError(path, f"GPU {i} says it is GPU {gpu['index']}", preset)
+    return state
+
+
+def _name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {"int": "a number", "str": "text", "list": "a list", "dict": "an object"}
+    return " or ".join(names.get(k.__name__, "null") for k in kinds)
 
 
 def default_state_dir() -> Path:
@@ -102,13 +187,23 @@ class StateStore:
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / STATE_FILE
         self.clock = clock
-        self._lock = FileLock(str(self.state_dir / LOCK_FILE))
+        self._file_lock: FileLock | None = None
         self._mutex = threading.RLock()
         self._cached: State | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._checked_at = -1.0  # monotonic time of the last stat
         self._seen_writes = 0  # _LOCAL_WRITES[path] when the cache was last checked
         self._key = os.path.abspath(self.path)
+        self._swept = False
+
+    @property
+    def _lock(self) -> FileLock:
+        """The writers' lock, made on first use: a command that only reads never imports it."""
+        if self._file_lock is None:
+            from filelock import FileLock
+
+            self._file_lock = FileLock(str(self.state_dir / LOCK_FILE))
+        return self._file_lock
 
     # --- reading ------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -152,14 +247,12 @@ class StateStore:
     def _load(self) -> State:
         try:
             with open(self.path, encoding="utf-8") as handle:
-                state: State = json.load(handle)
-        except (OSError, ValueError) as exc:
-            raise SimStateError(f"cannot read {self.path}: {exc}") from exc
-        if state.get("schema") != SCHEMA_VERSION:
-            raise SimStateError(
-                f"{self.path} has schema {state.get('schema')!r}, expected {SCHEMA_VERSION}"
-            )
-        return state
+                data = json.load(handle)
+        except OSError as exc:
+            raise SimStateError(f"cannot read {self.path}: {exc.strerror}") from exc
+        except ValueError as exc:  # truncated or garbled JSON, or bytes that are not UTF-8
+            raise SimStateCorruptError(self.path, f"not JSON: {exc}") from None
+        return check_state(self.path, data)
 
     # --- writing ------------------------------------------------------------------------------
     def ensure(self, preset_name: str | None) -> State:
@@ -168,8 +261,15 @@ class StateStore:
         An existing node of another preset wins (docs/simulator.md), with one warning per
         process, state directory and preset pair naming both presets and how to switch.
         """
+        if not self._swept:
+            self._sweep()
         if self.exists():
-            state = self.read()
+            try:
+                state = self.read()
+            except SimStateCorruptError as exc:
+                # Name the preset the caller asked for in the reset command, when the file no
+                # longer says which it was.
+                raise SimStateCorruptError(exc.path, exc.what, exc.preset or preset_name) from None
             held = state.get("preset")
             if preset_name and held and held != preset_name:
                 _warn_other_preset(self.state_dir, str(held), preset_name)
@@ -182,6 +282,20 @@ class StateStore:
             if not self.path.exists():
                 self._write(new_state(preset_name, self.clock()))
         return self.read()
+
+    def _sweep(self) -> None:
+        """Remove temporary state files a killed writer left (``.state.json.*.tmp``).
+
+        Under the state lock, which every writer holds from the temporary file to the rename:
+        a temporary file seen here belongs to no write in progress.
+        """
+        self._swept = True
+        if not self.state_dir.is_dir() or not any(self.state_dir.glob(f".{STATE_FILE}.*.tmp")):
+            return
+        with self._lock:
+            for leftover in self.state_dir.glob(f".{STATE_FILE}.*.tmp"):
+                leftover.unlink(missing_ok=True)
+                _log.info("removed %s, left by a writer that was killed", leftover)
 
     def replace(self, state: State) -> None:
         """Overwrite the node with ``state`` (used by reset)."""

@@ -142,3 +142,48 @@ def test_concurrent_allocate_calls_all_answer_correctly(run_plugin) -> None:
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(call, ids))
     assert results == [i.split("::")[0] for i in ids]
+
+
+def test_one_exclusive_gpu_in_two_containers_is_refused(run_plugin) -> None:
+    plugin = run_plugin("dgx-h100")
+    gpu = plugin.uuid(3)
+    with pytest.raises(grpc.RpcError) as info:
+        plugin.kubelet.allocate("nvidia.com/gpu", [gpu], [plugin.uuid(4), gpu])
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert gpu in info.value.details()
+    assert "more than one container" in info.value.details()
+
+
+def test_two_replicas_of_one_gpu_in_two_containers_are_fine(run_plugin) -> None:
+    plugin = run_plugin("t4", config={"pools": {"default": {"sharing": TS2}}})
+    gpu = plugin.uuid(0)
+    resp = plugin.kubelet.allocate("nvidia.com/gpu", [f"{gpu}::0"], [f"{gpu}::1"])
+    assert len(resp.container_responses) == 2
+    with pytest.raises(grpc.RpcError) as info:
+        plugin.kubelet.allocate("nvidia.com/gpu", [f"{gpu}::0"], [f"{gpu}::0"])
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("call", ["allocate", "preferred"])
+def test_a_flood_of_unknown_ids_gets_a_short_answer_and_a_short_log_line(
+    run_plugin, caplog, call: str
+) -> None:
+    plugin = run_plugin("t4")
+    ids = [f"x{i}" for i in range(100_000)]
+    calls = {
+        "allocate": lambda: plugin.kubelet.allocate("nvidia.com/gpu", ids),
+        "preferred": lambda: plugin.kubelet.preferred("nvidia.com/gpu", ids, 1),
+    }
+    with (
+        caplog.at_level("WARNING", logger="nodeagent_device_plugin"),
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        calls[call]()
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # not RESOURCE_EXHAUSTED
+    details = info.value.details()
+    assert len(details) < 1000
+    assert "100000 unknown" in details
+    assert "x0, x1" in details
+    assert "(and 99990 more)" in details
+    assert caplog.records
+    assert max(len(r.getMessage()) for r in caplog.records) < 1000

@@ -12,6 +12,7 @@ import pytest
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
+from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
@@ -35,6 +36,7 @@ class NodeView:
     score: float = 0.0
     xids_total: Mapping[tuple[str, int], int] = field(default_factory=dict)
     xid_last_s: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    history_errors: int = 0
 
 
 @dataclass
@@ -118,6 +120,19 @@ def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
     return snap, health, allocations
 
 
+# The MIG reconciler's view after a round in which GPU 1 was blocked by a busy instance.
+BLOCKED = MigLayoutStatus(
+    "all-1g",
+    False,
+    "GPU 1: blocked-busy: 3g.20gb@4:4 is busy",
+    (
+        MigGpuOutcome(0, "unchanged", "not applied: GPU 1 blocked", 0),
+        MigGpuOutcome(1, "blocked-busy", "3g.20gb@4:4 is busy", 0),
+        MigGpuOutcome(2, "failed", "create 2g.10gb@0:2 failed", 2),
+    ),
+)
+
+
 def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
     snap, health, allocations = full_node()
     renderer = Renderer(
@@ -127,6 +142,8 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
             allocations=lambda: allocations,
             advertised=lambda: PLUGIN,
             restarts={"sampler": 1},
+            mig=lambda: BLOCKED,
+            started_at_s=900.0,
         )
     )
     rendered = renderer.render(snap)
@@ -139,6 +156,29 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
     assert DOC.read_text() == markdown(), (
         "docs/metrics.md is stale: python -m nodeagent_exporters.catalog"
     )
+
+
+def test_a_mig_layout_not_applied_is_exported_with_its_reason_per_gpu() -> None:
+    renderer = Renderer(
+        Sources(policy=PoolPolicy, mig=lambda: BLOCKED, started_at_s=900.0), clock=lambda: 1000.0
+    )
+    samples = parse_samples(
+        renderer.render(snapshot([gpu_state(i) for i in range(3)])).body.decode()
+    )
+    assert (
+        value(samples, "nodeagent_mig_layout_applied", layout="all-1g", reason=BLOCKED.reason) == 0
+    )
+    outcomes = {
+        dict(labels)["gpu"]: dict(labels)["outcome"]
+        for name, labels in samples
+        if name == "nodeagent_mig_apply_outcome"
+    }
+    assert outcomes == {"0": "unchanged", "1": "blocked-busy", "2": "failed"}
+    assert value(samples, "nodeagent_mig_unrestored_instances", gpu="2", uuid=gpu_uuid(2)) == 2
+    assert value(samples, "nodeagent_start_time_seconds") == 900.0
+    # No layout managed: no MIG layout series at all (absent, not "applied").
+    quiet = Renderer(Sources(policy=PoolPolicy)).render(snapshot([gpu_state(0)])).body.decode()
+    assert "nodeagent_mig_layout_applied" not in quiet
 
 
 def test_labels_match_the_catalog() -> None:

@@ -33,6 +33,7 @@ from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.catalog import CATALOG
 from nodeagent_exporters.component import MetricsExporter
+from nodeagent_mig import reconciler as mig_reconciler
 from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import parse_config
 from tests.device_plugin.conftest import make_config
@@ -103,17 +104,31 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
     sim.add_process(0, mig_uuid=busy)  # a busy MIG instance and a process
 
     servicer, socket = pod_resources
+    layout_file = short_dir / "layouts.yaml"
+    layout_file.write_text(LAYOUT)
     config = make_config(
         {
+            "state_dir": str(short_dir / "state"),
+            "mig": {"layout_file": str(layout_file)},
             "device_plugin": {"kubelet_dir": str(short_dir / "kubelet"), "mig_strategy": "mixed"},
             "metrics": {
                 "address": "127.0.0.1:0",
                 "pod_resources_socket": str(socket),
                 "pod_resources_interval_s": 1.0,  # the pods are listed after the poller starts
             },
-            "pools": {"default": {"expected_driver_version": snapshot.driver_version}},
+            "pools": {
+                "default": {
+                    "expected_driver_version": snapshot.driver_version,
+                    "mig_layout": "half-balanced",
+                }
+            },
         }
     )
+    # The agent's MIG reconciler finds the layout applied: its round feeds the MIG series.
+    reconciler = mig_reconciler.build(config, node, lock_file=short_dir / "mig.lock")
+    assert reconciler is not None
+    reconciler.reconcile_once()
+    assert reconciler.applied_layout == "half-balanced"
     snapshots = SnapshotStore()
     restarts: dict[str, int] = {}
     # The wiring's order: the health model, the plugin, the exporter, then health around it.
@@ -122,7 +137,13 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
     plugin = device_plugin_component.build(config, snapshots, model)
     assert plugin is not None
     exporter = exporters_component.build(
-        config, snapshots, health=model, devices=plugin, restarts=restarts
+        config,
+        snapshots,
+        health=model,
+        devices=plugin,
+        restarts=restarts,
+        mig_status=reconciler.status,
+        started_at_s=snapshot.timestamp_s,
     )
     assert isinstance(exporter, MetricsExporter)
     health = health_component.build(config, model, node, snapshots)

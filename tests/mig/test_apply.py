@@ -228,7 +228,8 @@ def test_busy_instance_blocks_and_nothing_changes(tmp_path: Path) -> None:
     assert not report.ok
     assert calls == []
     label = f"{busy.profile}@{busy.placement.start}:{busy.placement.size}"
-    assert any(label in e for e in report.errors)
+    assert report.gpus[0].outcome == "blocked-busy"
+    assert label in report.gpus[0].summary()
     assert layout(node, 0) == before
 
 
