@@ -35,6 +35,7 @@ class MetricSpec:
 G, C = Kind.GAUGE, Kind.COUNTER
 _GPU = ("gpu", "uuid")
 _MIG = ("gpu", "uuid", "mig_profile", "mig_instance")
+_WORKLOAD = (*_MIG, "namespace", "pod", "container")
 
 _SPECS: tuple[MetricSpec, ...] = (
     # --- inventory and driver ---------------------------------------------------------------
@@ -486,6 +487,53 @@ _SPECS: tuple[MetricSpec, ...] = (
         "Age of the pod attribution at render time.",
         "device plugin",
     ),
+    # --- workloads on shared GPUs -----------------------------------------------------------
+    MetricSpec(
+        "nodeagent_gpu_unattributed_memory_used_bytes",
+        G,
+        _MIG,
+        "bytes",
+        "GPU memory used by processes no named pod is found for: host processes (the MPS "
+        "server, a job outside Kubernetes), and processes whose cgroup cannot be read on a "
+        "device several pods share.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_memory_used_bytes",
+        G,
+        _WORKLOAD,
+        "bytes",
+        "GPU memory the processes of one container use on one GPU or MIG device (NVML's "
+        "per-process used memory, summed).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_sm_share_ratio",
+        G,
+        _WORKLOAD,
+        "ratio",
+        "Share of the GPU's time the container's kernels ran on it since the last sample (sum "
+        "of its processes' NVML SM utilization samples). Absent where NVML keeps no "
+        "per-process samples (MIG devices, GPUs with MIG on).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_processes",
+        G,
+        _WORKLOAD,
+        "1",
+        "Compute processes of one container on one GPU or MIG device.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_series_dropped",
+        G,
+        (),
+        "1",
+        "Workload rows left out of this render because metrics.max_workload_series was "
+        "reached (the largest memory users are kept).",
+        "workloads",
+    ),
     # --- the agent itself -------------------------------------------------------------------
     MetricSpec(
         "nodeagent_sample_duration_seconds",
@@ -576,6 +624,13 @@ def markdown() -> str:
         "instance ID). There is no hostname label: Prometheus adds `instance`.",
         "",
         "A test fails when the exporter emits a metric that is missing here.",
+        "",
+        "Label cardinality of the workloads group: one series per (device, container) with a",
+        "compute process on it. A device has as many containers as its sharing replicas at",
+        "most (time-slicing or MPS replicas, 1 for an exclusive GPU or a MIG device), so a node",
+        "has at most the sum of its advertised devices; `metrics.max_workload_series` (default",
+        "1000) caps it regardless, and `nodeagent_workload_series_dropped` says when it bites.",
+        "No PID, process name or pod UID becomes a label.",
     ]
     groups: dict[str, list[MetricSpec]] = {}
     for s in _SPECS:

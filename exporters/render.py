@@ -23,6 +23,14 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
+from nodeagent.workloads import (
+    AttributedProcess,
+    CgroupReader,
+    Device,
+    PodIndex,
+    attribute,
+    usage_by_workload,
+)
 from nodeagent_exporters.catalog import Kind, spec
 from nodeagent_exporters.podresources import Allocations
 
@@ -178,6 +186,16 @@ class Sources:
     # The MIG reconciler's last round; None when the agent manages no layout.
     mig: Callable[[], MigLayoutStatus | None] = lambda: None
     started_at_s: float | None = None  # when the agent started (counters restart then)
+    # Process attribution: the cgroup reader (None: off) and the pods of this node.
+    cgroups: CgroupReader | None = None
+    pod_index: Callable[[], PodIndex | None] = lambda: None
+    max_workload_series: int = 1000
+
+
+def _device_labels(d: Device) -> tuple[str, str, str, str]:
+    """gpu, uuid (the GPU's, as on every MIG metric), mig_profile, mig_instance."""
+    instance = "" if d.mig_instance is None else str(d.mig_instance)
+    return (str(d.gpu_index), d.gpu_uuid, d.mig_profile or "", instance)
 
 
 class Renderer:
@@ -192,6 +210,8 @@ class Renderer:
         self._python = platform.python_version()
         self.renders = 0
         self._cache = _FamilyCache()
+        # The processes of the last render with their pods (read by the CLI and the tests).
+        self.processes: tuple[AttributedProcess, ...] = ()
 
     def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
         """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
@@ -245,6 +265,7 @@ class Renderer:
         self._xids_and_stability(f, snap, health_source)
         self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
+        self._workloads(f, snap, allocations)
         self._agent(f, snap)
         return NodeCapacity(
             mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
@@ -460,6 +481,46 @@ class Renderer:
                 gpu, profile, instance = str(owner.info.index), gi.profile, str(gi.instance_id)
             labels = (d.resource, gpu, d.uuid, profile, instance, d.pod, d.namespace, d.container)
             f.add("nodeagent_device_plugin_pod_devices", labels, d.count)
+
+    def _workloads(self, f: _Families, snap: NodeSnapshot, allocations: Allocations | None) -> None:
+        """Usage per (device, container), and what no pod is found for; see nodeagent.workloads."""
+        cgroups = self.sources.cgroups
+        if cgroups is None:
+            self.processes = ()
+            return
+        holders = allocations.pod_devices if allocations is not None else ()
+        processes = attribute(snap, holders, cgroups, self.sources.pod_index())
+        cgroups.retain(p.process.pid for p in processes)
+        self.processes = processes
+        # Every device that answered gets a series, so "nothing unattributed" reads 0.
+        per_device: dict[tuple[str, str, str, str], int] = {}
+        for g in snap.gpus:
+            if g.telemetry is None:
+                continue
+            if not g.info.mig_enabled:
+                per_device[(str(g.info.index), g.info.uuid, "", "")] = 0
+            for gi in g.mig_instances:
+                per_device[(str(g.info.index), g.info.uuid, gi.profile, str(gi.instance_id))] = 0
+        for p in processes:
+            if p.workload is None or not p.workload.named:
+                ids = _device_labels(p.device)
+                per_device[ids] = per_device.get(ids, 0) + (p.process.used_memory_bytes or 0)
+        for ids, unattributed in sorted(per_device.items()):
+            f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
+        rows = usage_by_workload(processes)
+        cap = self.sources.max_workload_series
+        kept = rows
+        if len(rows) > cap:
+            biggest = sorted(rows, key=lambda r: -r.memory_used_bytes)[:cap]
+            kept = tuple(r for r in rows if r in set(biggest))
+        f.add("nodeagent_workload_series_dropped", (), len(rows) - len(kept))
+        for r in kept:
+            w = r.workload
+            labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)
+            f.add("nodeagent_workload_gpu_memory_used_bytes", labels, r.memory_used_bytes)
+            f.add("nodeagent_workload_gpu_processes", labels, r.processes)
+            if r.sm_share_ratio is not None:
+                f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
 
     def _agent(self, f: _Families, snap: NodeSnapshot) -> None:
         f.add("nodeagent_sample_duration_seconds", (), snap.sample_duration_s)

@@ -35,6 +35,19 @@ class MetricsSection(Schema):
     pod_resources_interval_s: float = Field(
         10.0, ge=1, le=3600, description="seconds between polls of that socket"
     )
+    process_attribution: bool = Field(
+        True,
+        description="attribute each GPU process to its pod and container (cgroup, "
+        "pod-resources, pods of this node from the API server) and export per-workload usage",
+    )
+    proc_root: Path = Field(
+        Path("/proc"),
+        description="the host's /proc (NVML reports host PIDs: in a pod, run with hostPID or "
+        "mount the host's /proc here)",
+    )
+    max_workload_series: int = Field(
+        1000, ge=1, le=100000, description="most (device, container) rows exported per render"
+    )
 
     @field_validator("address")
     @classmethod

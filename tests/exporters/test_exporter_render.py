@@ -13,6 +13,7 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
+from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
@@ -133,7 +134,7 @@ BLOCKED = MigLayoutStatus(
 )
 
 
-def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
+def test_every_emitted_metric_is_in_the_catalog_and_docs(tmp_path: Path) -> None:
     snap, health, allocations = full_node()
     renderer = Renderer(
         Sources(
@@ -144,6 +145,8 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
             restarts={"sampler": 1},
             mig=lambda: BLOCKED,
             started_at_s=900.0,
+            # No cgroup files: GPU 3's process is its one holder's (pod-resources).
+            cgroups=CgroupReader(tmp_path),
         )
     )
     rendered = renderer.render(snap)

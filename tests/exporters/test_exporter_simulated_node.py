@@ -12,10 +12,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 
 from nodeagent.agent.sampler import Sampler
@@ -23,11 +21,10 @@ from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component
-from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.kubelet import TestKubelet
-from nodeagent.testing.podresources import FakeKubelet
+from nodeagent.testing.podresources import FakeKubelet, serving
 from nodeagent.testing.waiting import wait_until
 from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
@@ -74,14 +71,9 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture
 def pod_resources(short_dir: Path) -> Iterator[tuple[FakeKubelet, Path]]:
     """A test pod-resources server on a unix socket."""
-    servicer = FakeKubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     socket = short_dir / "pod-resources.sock"
-    server.add_insecure_port(f"unix://{socket}")
-    server.start()
-    yield servicer, socket
-    server.stop(None)
+    with serving(socket) as servicer:
+        yield servicer, socket
 
 
 def test_every_family_is_scraped_from_a_simulated_mig_node(
@@ -115,6 +107,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 "address": "127.0.0.1:0",
                 "pod_resources_socket": str(socket),
                 "pod_resources_interval_s": 1.0,  # the pods are listed after the poller starts
+                "proc_root": str(short_dir / "proc"),  # no cgroup files: pod-resources decides
             },
             "pools": {
                 "default": {
@@ -167,6 +160,9 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             ("infer-0", "web", "server", mig_resource, [busy]),
             ("train-0", "ml", "main", "nvidia.com/gpu", [sorted(whole)[0]]),
         ]
+        # train-0 runs a process on its GPU: per-workload memory and SM share.
+        trained = next(g.info.index for g in snapshot.gpus if g.info.uuid == sorted(whole)[0])
+        sim.add_process(trained, used_memory_mib=1234, load=0.5)
 
         sim.inject("xid", XID_GPU, code=XID)
         sim.inject("nvml-error", NVML_ERROR_GPU, code=10, function=NVML_FUNCTION)
@@ -189,6 +185,8 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 value(samples, "nodeagent_gpu_xid_errors_total", uuid=xid_gpu, xid=str(XID)) == 1.0
                 and value(samples, "nodeagent_pod_resources_up") == 1.0
                 and value(samples, "nodeagent_device_plugin_pod_devices", pod="infer-0") is not None
+                and value(samples, "nodeagent_workload_gpu_sm_share_ratio", pod="train-0")
+                is not None
                 and (value(samples, "nodeagent_nvml_errors_total", function=NVML_FUNCTION) or 0)
                 >= 1
                 and value(samples, "nodeagent_gpu_health_state", uuid=failing, state="degraded")
@@ -197,6 +195,9 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
 
         assert wait_until(settled, 10.0), sorted({n for n, _ in seen[-1]}) if seen else "no scrape"
         samples = seen[-1]
+        mem = "nodeagent_workload_gpu_memory_used_bytes"
+        assert value(samples, mem, pod="train-0") == 1234 * 1024 * 1024
+        assert value(samples, mem, pod="infer-0", mig_profile="1g.10gb") == 1024 * 1024 * 1024
         emitted = {name for name, _ in samples}
         # A counter's samples carry the _total suffix the catalog names include.
         missing = set(CATALOG) - emitted - ABSENT_ON_H100
