@@ -526,6 +526,61 @@ _SPECS: tuple[MetricSpec, ...] = (
         "workloads",
     ),
     MetricSpec(
+        "nodeagent_workload_gpu_fair_share_ratio",
+        G,
+        _WORKLOAD,
+        "ratio",
+        "The container's fair share of a device that several workloads share (1/workloads); "
+        "compare nodeagent_workload_gpu_sm_share_ratio. Absent on a device one workload uses.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_workloads",
+        G,
+        _MIG,
+        "1",
+        "Workloads (containers) with processes on a GPU or MIG device that two or more share; "
+        "the shared_gpu series exist only for such devices.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_interference_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "Noisy-neighbour signal of a shared device: the largest of its starvation ratio, its "
+        "memory pressure above 0.8 (scaled so a full device is 1) and 1 while its clocks are "
+        "throttled. 0 is quiet.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_starvation_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "How far the worst-served workload of a saturated shared device (utilization 0.9 or "
+        "more) falls below its fair share: (fair - share) / fair; 0 while the device has room "
+        "to spare. Absent where NVML keeps no per-process samples (MIG).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_memory_pressure_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "Used over total memory of a shared device (a MIG device: its profile's memory).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_throttled",
+        G,
+        _MIG,
+        "1",
+        "1 while a shared device's GPU has its clocks held down by power or heat "
+        "(sw_power_cap, hw_slowdown, sw/hw thermal slowdown, power brake), else 0.",
+        "workloads",
+    ),
+    MetricSpec(
         "nodeagent_workload_series_dropped",
         G,
         (),

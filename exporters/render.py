@@ -28,7 +28,9 @@ from nodeagent.workloads import (
     CgroupReader,
     Device,
     PodIndex,
+    SharedDevice,
     attribute,
+    shared_devices,
     usage_by_workload,
 )
 from nodeagent_exporters.catalog import Kind, spec
@@ -192,6 +194,10 @@ class Sources:
     max_workload_series: int = 1000
 
 
+def _opt_flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
 def _device_labels(d: Device) -> tuple[str, str, str, str]:
     """gpu, uuid (the GPU's, as on every MIG metric), mig_profile, mig_instance."""
     instance = "" if d.mig_instance is None else str(d.mig_instance)
@@ -212,6 +218,7 @@ class Renderer:
         self._cache = _FamilyCache()
         # The processes of the last render with their pods (read by the CLI and the tests).
         self.processes: tuple[AttributedProcess, ...] = ()
+        self.shared: tuple[SharedDevice, ...] = ()  # devices several workloads use
 
     def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
         """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
@@ -487,6 +494,7 @@ class Renderer:
         cgroups = self.sources.cgroups
         if cgroups is None:
             self.processes = ()
+            self.shared = ()
             return
         holders = allocations.pod_devices if allocations is not None else ()
         processes = attribute(snap, holders, cgroups, self.sources.pod_index())
@@ -514,6 +522,18 @@ class Renderer:
             biggest = sorted(rows, key=lambda r: -r.memory_used_bytes)[:cap]
             kept = tuple(r for r in rows if r in set(biggest))
         f.add("nodeagent_workload_series_dropped", (), len(rows) - len(kept))
+        self.shared = shared_devices(snap, processes)
+        for d in self.shared:
+            ids = _device_labels(d.device)
+            f.add("nodeagent_shared_gpu_workloads", ids, len(d.workloads))
+            f.add("nodeagent_shared_gpu_interference_ratio", ids, d.interference_ratio)
+            f.add("nodeagent_shared_gpu_starvation_ratio", ids, d.starvation_ratio)
+            f.add("nodeagent_shared_gpu_memory_pressure_ratio", ids, d.memory_pressure_ratio)
+            f.add("nodeagent_shared_gpu_throttled", ids, _opt_flag(d.throttled))
+            for w in d.workloads:
+                if w.named:
+                    labels = (*ids, w.namespace, w.pod, w.container)
+                    f.add("nodeagent_workload_gpu_fair_share_ratio", labels, d.fair_share_ratio)
         for r in kept:
             w = r.workload
             labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)

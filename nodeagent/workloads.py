@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from nodeagent.gpu.types import GpuInstance, NodeSnapshot, ProcessInfo
+from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot, ProcessInfo
 
 # A pod's cgroup directory: cgroupfs ``pod<uid>``, systemd ``kubepods-<qos>-pod<uid_>.slice``
 # (``kubelet-kubepods-...`` where the kubelet runs in a slice of its own, as kind does).
@@ -291,3 +291,124 @@ def usage_by_workload(processes: Iterable[AttributedProcess]) -> tuple[WorkloadU
                        r.workload.container)
     )  # fmt: skip
     return tuple(rows)
+
+
+# --- interference on shared devices -------------------------------------------------------------
+
+# Clock-event reasons that slow every workload of a GPU down (the idle, sync-boost, display and
+# application-clock bits are settings or states, not a slowdown).
+THROTTLE_REASONS = (
+    ClockEventReason.SW_POWER_CAP
+    | ClockEventReason.HW_SLOWDOWN
+    | ClockEventReason.SW_THERMAL_SLOWDOWN
+    | ClockEventReason.HW_THERMAL_SLOWDOWN
+    | ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+)
+# Memory pressure counts towards interference from here up (a full device is 1.0): past it a
+# workload that grows can make a neighbour's allocation fail.
+MEMORY_PRESSURE_FLOOR = 0.8
+# A device this busy is saturated: a workload below its fair share then waits for the others.
+SATURATED_RATIO = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class SharedDevice:
+    """The noisy-neighbour signal of one device that several workloads use.
+
+    ``time_shares`` is each workload's share of the device's time (SM utilization of its
+    processes; empty where NVML keeps none, under MIG); ``fair_share_ratio`` is 1/workloads.
+    ``starvation_ratio`` is how far the worst-served workload falls below its fair share
+    (0: none below, 1: it gets nothing), counted only while the device is saturated, because
+    on a device with room to spare a small share is the workload's own choice. ``throttled``
+    is whether the GPU's clocks are held down (power or thermal) while it is shared.
+    ``interference_ratio`` is the largest of starvation, memory pressure above
+    :data:`MEMORY_PRESSURE_FLOOR` (scaled to 0..1) and throttling (1 while throttled).
+    """
+
+    device: Device
+    workloads: tuple[Workload, ...]
+    time_shares: Mapping[Workload, float]
+    fair_share_ratio: float
+    utilization_ratio: float | None
+    starvation_ratio: float | None
+    memory_used_bytes: int
+    memory_total_bytes: int | None
+    memory_pressure_ratio: float | None
+    throttled: bool | None
+    interference_ratio: float
+
+
+def _memory_total(gpu: GpuState, device: Device) -> int | None:
+    if device.mig_profile is None:
+        return gpu.info.memory_total_bytes
+    geometry = gpu.mig_geometry
+    profile = geometry.profile(device.mig_profile) if geometry is not None else None
+    return profile.memory_bytes if profile is not None else None
+
+
+def shared_devices(
+    snapshot: NodeSnapshot, processes: Iterable[AttributedProcess]
+) -> tuple[SharedDevice, ...]:
+    """Every device with processes of two or more workloads, with its interference signal.
+
+    A workload is a container (named, or known by UID only); processes no pod is found for
+    (the MPS server, host jobs) use memory but are not a workload of their own.
+    """
+    by_device: dict[Device, list[AttributedProcess]] = {}
+    for p in processes:
+        by_device.setdefault(p.device, []).append(p)
+    gpus = {g.info.index: g for g in snapshot.gpus}
+    out: list[SharedDevice] = []
+    for device, procs in by_device.items():
+        shares: dict[Workload, float | None] = {}
+        for p in procs:
+            if p.workload is None:
+                continue
+            w = Workload(p.workload.namespace, p.workload.pod, p.workload.container,
+                         p.workload.pod_uid if not p.workload.named else None)  # fmt: skip
+            sm = p.process.sm_utilization_ratio
+            prev = shares.get(w, 0.0)
+            shares[w] = None if sm is None or prev is None else prev + sm
+        if len(shares) < 2:
+            continue
+        gpu = gpus[device.gpu_index]
+        telemetry = gpu.telemetry
+        fair = 1.0 / len(shares)
+        known = {w: s for w, s in shares.items() if s is not None}
+        utilization = None
+        if device.mig_profile is None and telemetry is not None:
+            utilization = telemetry.utilization_gpu_ratio
+        starvation = None
+        if len(known) == len(shares) and utilization is not None:
+            starvation = 0.0
+            if utilization >= SATURATED_RATIO:
+                starvation = max(max(0.0, fair - s) / fair for s in known.values())
+        used = sum(p.process.used_memory_bytes or 0 for p in procs)
+        if device.mig_profile is None and telemetry is not None:
+            used = max(used, telemetry.memory_used_bytes)
+        total = _memory_total(gpu, device)
+        pressure = min(1.0, used / total) if total else None
+        reasons = telemetry.clock_event_reasons if telemetry is not None else None
+        throttled = None if reasons is None else bool(reasons & THROTTLE_REASONS)
+        score = max(
+            starvation or 0.0,
+            max(0.0, ((pressure or 0.0) - MEMORY_PRESSURE_FLOOR) / (1 - MEMORY_PRESSURE_FLOOR)),
+            1.0 if throttled else 0.0,
+        )
+        out.append(
+            SharedDevice(
+                device=device,
+                workloads=tuple(sorted(shares, key=lambda w: (w.namespace, w.pod, w.container))),
+                time_shares=known,
+                fair_share_ratio=fair,
+                utilization_ratio=utilization,
+                starvation_ratio=starvation,
+                memory_used_bytes=used,
+                memory_total_bytes=total,
+                memory_pressure_ratio=pressure,
+                throttled=throttled,
+                interference_ratio=min(1.0, score),
+            )
+        )
+    out.sort(key=lambda d: (d.device.gpu_index, d.device.uuid))
+    return tuple(out)

@@ -69,28 +69,30 @@ def _demand(gpu: dict[str, Any], model: models.GpuModel, proc: dict[str, Any]) -
     return share
 
 
-def process_shares(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> dict[int, float]:
-    """Each process's share of the GPU's time (0..1, by PID); the shares sum to ``load``.
-
-    Time-slicing divides the GPU's time: when the processes ask for more than all of it, each
-    gets its demand scaled down in proportion, as the scheduler's round robin gives them.
-    """
-    model = models.MODELS[gpu["model"]]
-    demands = {int(p["pid"]): _demand(gpu, model, p) for p in procs}
-    total = sum(demands.values())
-    scale = 1.0 / total if total > 1.0 else 1.0
-    return {pid: demand * scale for pid, demand in demands.items()}
-
-
 def load(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> float:
-    """The GPU's load (0..1): the sum of the processes' shares of its time."""
-    return min(1.0, sum(process_shares(gpu, procs).values()))
+    """The GPU's load (0..1): what its processes ask for, up to all of it."""
+    model = models.MODELS[gpu["model"]]
+    return min(1.0, sum(_demand(gpu, model, p) for p in procs))
 
 
 def _swing(gpu: dict[str, Any], now: float) -> float:
     """The slow wave the busy readings follow: 0.8..1.0 of what the load asks."""
     w = wave(gpu["uuid"])
     return 0.9 + 0.1 * math.sin(w.omega * now + w.phase)
+
+
+def process_busy(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> dict[int, float]:
+    """Each process's busy share of the GPU's time right now (0..1, by PID).
+
+    A process's demand swings 0.8..1.0 with the GPU's slow wave; when the demands add up to
+    more than the whole GPU, each gets its part of it in proportion (the GPU reads 100 %).
+    """
+    swing = _swing(gpu, now)
+    model = models.MODELS[gpu["model"]]
+    busy = {int(p["pid"]): _demand(gpu, model, p) * swing for p in procs}
+    total = sum(busy.values())
+    scale = 1.0 / total if total > 1.0 else 1.0
+    return {pid: share * scale for pid, share in busy.items()}
 
 
 def process_utilization(
@@ -101,12 +103,11 @@ def process_utilization(
     They add up to the GPU-wide :func:`utilization` (rounding apart); a process that asked for
     no time has no sample, as NVML leaves idle processes out.
     """
-    swing = _swing(gpu, now)
     out: dict[int, tuple[int, int]] = {}
-    for pid, share in process_shares(gpu, procs).items():
+    for pid, share in process_busy(gpu, procs, now).items():
         if share <= 0.0:
             continue
-        sm = 100.0 * share * swing
+        sm = 100.0 * share
         out[pid] = (round(sm), round(sm * MEMORY_BUSY_PER_SM))
     return out
 
@@ -167,10 +168,7 @@ def energy_mj(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> i
 
 def utilization(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> tuple[int, int]:
     """(GPU %, memory %) utilization; 0 when idle."""
-    level = load(gpu, procs)
-    if level <= 0.0:
-        return 0, 0
-    gpu_pct = 100.0 * level * _swing(gpu, now)
+    gpu_pct = 100.0 * sum(process_busy(gpu, procs, now).values())
     return round(gpu_pct), round(gpu_pct * MEMORY_BUSY_PER_SM)
 
 

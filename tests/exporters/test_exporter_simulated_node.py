@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,7 @@ from nodeagent.sim.control import SimControl
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent.testing.podresources import FakeKubelet, serving
 from nodeagent.testing.waiting import wait_until
+from nodeagent.workloads import PodIndex
 from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.catalog import CATALOG
@@ -160,9 +162,17 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             ("infer-0", "web", "server", mig_resource, [busy]),
             ("train-0", "ml", "main", "nvidia.com/gpu", [sorted(whole)[0]]),
         ]
-        # train-0 runs a process on its GPU: per-workload memory and SM share.
+        # train-0 runs a process on its GPU: per-workload memory and SM share; a second pod
+        # (known by its cgroup and the pod list) shares the GPU with it.
         trained = next(g.info.index for g in snapshot.gpus if g.info.uuid == sorted(whole)[0])
         sim.add_process(trained, used_memory_mib=1234, load=0.5)
+        neighbour = sim.add_process(trained, used_memory_mib=100, load=0.2)
+        uid = "11111111-2222-3333-4444-555555555555"
+        (short_dir / "proc" / str(neighbour)).mkdir(parents=True)
+        (short_dir / "proc" / str(neighbour) / "cgroup").write_text(
+            f"0::/kubepods/besteffort/pod{uid}/{'e' * 64}\n"
+        )
+        exporter.pod_index = SimpleNamespace(latest=PodIndex({uid: ("ml", "side-car-job")}))
 
         sim.inject("xid", XID_GPU, code=XID)
         sim.inject("nvml-error", NVML_ERROR_GPU, code=10, function=NVML_FUNCTION)
@@ -197,6 +207,8 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         samples = seen[-1]
         mem = "nodeagent_workload_gpu_memory_used_bytes"
         assert value(samples, mem, pod="train-0") == 1234 * 1024 * 1024
+        assert value(samples, mem, pod="side-car-job") == 100 * 1024 * 1024
+        assert value(samples, "nodeagent_shared_gpu_workloads", gpu=str(trained)) == 2
         assert value(samples, mem, pod="infer-0", mig_profile="1g.10gb") == 1024 * 1024 * 1024
         emitted = {name for name, _ in samples}
         # A counter's samples carry the _total suffix the catalog names include.
