@@ -581,6 +581,32 @@ _SPECS: tuple[MetricSpec, ...] = (
         "workloads",
     ),
     MetricSpec(
+        "nodeagent_shared_gpu_probe_duration_seconds",
+        G,
+        _MIG,
+        "seconds",
+        "How long the last canary probe (metrics.probe, off by default) took on a shared "
+        "device; it competes for the device as the workloads do, so its rise is what a "
+        "neighbour costs.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_probe_up",
+        G,
+        _MIG,
+        "1",
+        "1 when the last canary probe on a shared device exited 0 within its timeout, else 0.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_probe_failures_total",
+        C,
+        _MIG,
+        "1",
+        "Canary probe runs on a device that failed (non-zero exit, timeout, could not start).",
+        "workloads",
+    ),
+    MetricSpec(
         "nodeagent_workload_series_dropped",
         G,
         (),

@@ -16,6 +16,7 @@ from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent_exporters.probe import ProbeRunner
 from nodeagent_exporters.render import Rendered, Renderer, Sources
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
@@ -72,8 +73,12 @@ class MetricsExporter:
                 cgroups=CgroupReader(cfg.proc_root) if cfg.process_attribution else None,
                 pod_index=lambda: self.pod_index.latest if self.pod_index else None,
                 max_workload_series=cfg.max_workload_series,
+                probe=lambda: self.probe,
             )
         )
+        self.probe: ProbeRunner | None = None
+        if cfg.probe.enabled:
+            self.probe = ProbeRunner(cfg.probe, lambda: [d.device for d in self.renderer.shared])
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
         self._prepared: MetricsServer | None = None
@@ -150,7 +155,12 @@ class MetricsExporter:
         unsubscribe = self.snapshots.subscribe(lambda _snapshot: self._wake.set())
         poller_stop = threading.Event()
         threads = []
-        for poller, name in ((self.poller, "podresources"), (self.pod_index, "pod-index")):
+        loops = (
+            (self.poller, "podresources"),
+            (self.pod_index, "pod-index"),
+            (self.probe, "probe"),
+        )
+        for poller, name in loops:
             if poller is None:
                 continue
             thread = threading.Thread(
@@ -184,7 +194,7 @@ class MetricsExporter:
                 thread.join(timeout=5)
 
     def _run_poller(
-        self, poller: PodResourcesPoller | PodIndexPoller, stop: threading.Event
+        self, poller: PodResourcesPoller | PodIndexPoller | ProbeRunner, stop: threading.Event
     ) -> None:
         while not stop.is_set():
             try:

@@ -35,6 +35,7 @@ from nodeagent.workloads import (
 )
 from nodeagent_exporters.catalog import Kind, spec
 from nodeagent_exporters.podresources import Allocations
+from nodeagent_exporters.probe import ProbeRunner
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class Sources:
     cgroups: CgroupReader | None = None
     pod_index: Callable[[], PodIndex | None] = lambda: None
     max_workload_series: int = 1000
+    probe: Callable[[], ProbeRunner | None] = lambda: None
 
 
 def _opt_flag(value: bool | None) -> float | None:
@@ -534,6 +536,14 @@ class Renderer:
                 if w.named:
                     labels = (*ids, w.namespace, w.pod, w.container)
                     f.add("nodeagent_workload_gpu_fair_share_ratio", labels, d.fair_share_ratio)
+        probe = self.sources.probe()
+        if probe is not None:
+            failures = probe.failures()
+            for device, result in sorted(probe.results().items(), key=lambda kv: kv[0].uuid):
+                ids = _device_labels(device)
+                f.add("nodeagent_shared_gpu_probe_duration_seconds", ids, result.duration_s)
+                f.add("nodeagent_shared_gpu_probe_up", ids, float(result.ok))
+                f.add("nodeagent_shared_gpu_probe_failures_total", ids, failures.get(device, 0))
         for r in kept:
             w = r.workload
             labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)

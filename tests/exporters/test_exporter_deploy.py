@@ -69,7 +69,7 @@ def test_dashboard_panels_are_laid_out() -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     titles = {p["title"] for p in dash["panels"] if p["type"] == "row"}
-    assert titles == {"Pool health", "Fragmentation", "MIG layout", "Driver drift"}
+    assert titles == {"Pool health", "Fragmentation", "MIG layout", "Driver drift", "Shared GPUs"}
     for p in dash["panels"]:
         g = p["gridPos"]
         assert g["x"] + g["w"] <= 24, p["title"]

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from nodeagent.config.metrics import ProbeSection
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
-from nodeagent.workloads import CgroupReader, PodIndex
+from nodeagent.workloads import CgroupReader, Device, PodIndex
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
+from nodeagent_exporters.probe import ProbeRunner
 from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
 from tests.exporters.exporter_factories import (
     gpu_state,
@@ -150,8 +153,13 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs(tmp_path: Path) -> None
             # GPU 3's two processes run in two pods: a shared GPU.
             cgroups=CgroupReader(tmp_path),
             pod_index=lambda: PodIndex({UID0: ("ml", "train-0"), UID1: ("ml", "train-1")}),
+            probe=lambda: probe,
         )
     )
+    # A canary that failed once on GPU 3.
+    section = ProbeSection(enabled=True, command=(sys.executable, "-c", "raise SystemExit(3)"))
+    probe = ProbeRunner(section, lambda: [Device(3, gpu_uuid(3))])
+    probe.round()
     for pid, uid in ((100, UID0), (101, UID1)):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{uid}/{'a' * 64}\n")

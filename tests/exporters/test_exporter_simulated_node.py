@@ -10,6 +10,7 @@ from a test pod-resources server. A family outside ``ABSENT_ON_H100`` that is no
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +111,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 "pod_resources_socket": str(socket),
                 "pod_resources_interval_s": 1.0,  # the pods are listed after the poller starts
                 "proc_root": str(short_dir / "proc"),  # no cgroup files: pod-resources decides
+                "probe": {"enabled": True, "command": [sys.executable, "-c", "pass"]},
             },
             "pools": {
                 "default": {
@@ -187,6 +189,10 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
 
         def settled() -> bool:
             # Sample until the XID, the NVML error and the pods have all reached the exporter.
+            # A probe round first, on the devices the last render saw shared (the probe's own
+            # loop waits its interval before the first round).
+            assert exporter.probe is not None
+            exporter.probe.round()
             sampler.sample_once()
             wait_until(lambda: exporter.latest is not None, 1.0)
             seen.append(scrape())
@@ -197,6 +203,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 and value(samples, "nodeagent_device_plugin_pod_devices", pod="infer-0") is not None
                 and value(samples, "nodeagent_workload_gpu_sm_share_ratio", pod="train-0")
                 is not None
+                and value(samples, "nodeagent_shared_gpu_probe_up", gpu=str(trained)) == 1.0
                 and (value(samples, "nodeagent_nvml_errors_total", function=NVML_FUNCTION) or 0)
                 >= 1
                 and value(samples, "nodeagent_gpu_health_state", uuid=failing, state="degraded")
