@@ -607,6 +607,16 @@ _SPECS: tuple[MetricSpec, ...] = (
         "workloads",
     ),
     MetricSpec(
+        "nodeagent_workload_gpu_xid_errors_total",
+        C,
+        (*_WORKLOAD, "xid"),
+        "1",
+        "Application-class XIDs (13, 31, 43, 45, 68: the program's fault, not the GPU's) on "
+        "a device while the container ran there; each also records a GPUApplicationXID "
+        "Event on the pod.",
+        "workloads",
+    ),
+    MetricSpec(
         "nodeagent_workload_series_dropped",
         G,
         (),

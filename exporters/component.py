@@ -17,7 +17,7 @@ from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.probe import ProbeRunner
-from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class MetricsExporter:
         mig_status: Callable[[], MigLayoutStatus | None] | None = None,
         started_at_s: float | None = None,
         pod_index: PodIndexPoller | None = None,
+        app_xids: AppXids | None = None,
     ) -> None:
         self.config = config
         self.pod_index = pod_index
@@ -74,6 +75,7 @@ class MetricsExporter:
                 pod_index=lambda: self.pod_index.latest if self.pod_index else None,
                 max_workload_series=cfg.max_workload_series,
                 probe=lambda: self.probe,
+                app_xids=app_xids or dict,
             )
         )
         self.probe: ProbeRunner | None = None
@@ -217,6 +219,7 @@ def build(
     live_check: Callable[[], bool] | None = None,
     mig_status: Callable[[], MigLayoutStatus | None] | None = None,
     started_at_s: float | None = None,
+    app_xids: AppXids | None = None,
 ) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
     cfg = config.metrics
@@ -251,6 +254,7 @@ def build(
         mig_status=mig_status,
         started_at_s=started_at_s,
         pod_index=pod_index,
+        app_xids=app_xids,
     )
 
 

@@ -29,6 +29,7 @@ from nodeagent.workloads import (
     Device,
     PodIndex,
     SharedDevice,
+    Workload,
     attribute,
     shared_devices,
     usage_by_workload,
@@ -194,6 +195,11 @@ class Sources:
     pod_index: Callable[[], PodIndex | None] = lambda: None
     max_workload_series: int = 1000
     probe: Callable[[], ProbeRunner | None] = lambda: None
+    # Application XIDs by (device, workload, code), from the health feature's attributor.
+    app_xids: AppXids = dict
+
+
+AppXids = Callable[[], Mapping[tuple[Device, Workload, int], int]]
 
 
 def _opt_flag(value: bool | None) -> float | None:
@@ -536,6 +542,11 @@ class Renderer:
                 if w.named:
                     labels = (*ids, w.namespace, w.pod, w.container)
                     f.add("nodeagent_workload_gpu_fair_share_ratio", labels, d.fair_share_ratio)
+        for (device, w, xid), count in sorted(
+            self.sources.app_xids().items(), key=lambda kv: (kv[0][0].uuid, kv[0][1].pod, kv[0][2])
+        ):
+            xid_labels = (*_device_labels(device), w.namespace, w.pod, w.container, str(xid))
+            f.add("nodeagent_workload_gpu_xid_errors_total", xid_labels, count)
         probe = self.sources.probe()
         if probe is not None:
             failures = probe.failures()

@@ -9,7 +9,8 @@ callable; nothing is filled in after construction. The build order follows the d
 3. the health model, on its own, so the device plugin and the exporter can take it as their
    health source;
 4. the device plugin, which publishes what it advertises;
-5. the exporter, which reads health and the advertised devices, and computes capacity;
+5. the exporter, which reads health and the advertised devices, computes capacity and
+   attributes GPU processes to pods (the XID attributor, built before it, reads that);
 6. the health component around the model: its reporter publishes the capability labels, the
    exporter's capacity annotations and the GPU-state annotation on the node.
 
@@ -67,6 +68,11 @@ def build(
     labels = CapabilityLabels(feed, config, reconciler)
     model = health.build_model(config)
     plugin = device_plugin.build(config, feed, model)
+    # Application XIDs go to the pods of the exporter's last attribution (bound late: the
+    # exporter is built next, and the attributor only reads it once events flow).
+    xids = health.build_attributor(
+        config, lambda: exporter.renderer.processes if exporter is not None else ()
+    )
     exporter = exporters.build(
         config,
         feed,
@@ -77,6 +83,7 @@ def build(
         live_check=alive,
         mig_status=reconciler.status if reconciler is not None else None,
         started_at_s=started_at_s,
+        app_xids=xids.counts if xids is not None else None,
     )
     health_component = None
     if model is not None:
@@ -90,7 +97,7 @@ def build(
             return {**capacity, **gpu_state()}
 
         health_component = health.build(
-            config, model, node, feed, labels=labels, annotations=annotations
+            config, model, node, feed, labels=labels, annotations=annotations, xids=xids
         )
     components: tuple[Component, ...] = tuple(
         c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.protocols import EventSource
+from nodeagent.health.attribution import XidAttributor
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import history_path, status_path
-from nodeagent.kube.node import NodePatcher, make_api
+from nodeagent.kube.events import EventRecorder
+from nodeagent.kube.node import KubeUnavailableError, NodePatcher, make_api
 from nodeagent.runtime.snapshots import SnapshotFeed
+from nodeagent.workloads import AttributedProcess
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,10 @@ class HealthComponent:
         events: EventSource,
         snapshots: SnapshotFeed,
         reporter: Reporter,
+        xids: XidAttributor | None = None,
     ) -> None:
         self.model = model
+        self.xids = xids
         self.events = events
         self.snapshots = snapshots
         self.reporter = reporter
@@ -76,6 +81,8 @@ class HealthComponent:
                     continue
                 if event is not None:
                     self.model.on_event(event)
+                    if self.xids is not None:
+                        self.xids.on_event(event)
         except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
             # Crash the whole component so the supervisor restarts it and counts it.
             self._event_error = exc
@@ -99,6 +106,12 @@ class HealthComponent:
             target=_relay, args=(stop, local_stop, self.reporter.wake), daemon=True
         )
         relay.start()
+        sender = None
+        if self.xids is not None and self.xids.recorder is not None:
+            sender = threading.Thread(
+                target=self.xids.run, args=(local_stop,), name="health-xid-events", daemon=True
+            )
+            sender.start()
         try:
             opened.wait()
             if self._event_error is None:
@@ -108,6 +121,8 @@ class HealthComponent:
             local_stop.set()
             unsubscribe()
             events.join(timeout=EVENT_WAIT_S * 4)
+            if sender is not None:
+                sender.join(timeout=EVENT_WAIT_S * 4)
             self._ready.clear()
         if self._event_error is not None and not stop.is_set():
             error, self._event_error = self._event_error, None
@@ -141,6 +156,25 @@ def build_model(config: AgentConfig) -> HealthModel | None:
     )
 
 
+def build_attributor(
+    config: AgentConfig, processes: Callable[[], Sequence[AttributedProcess]]
+) -> XidAttributor | None:
+    """The application-XID attributor, with Events on pods when Kubernetes is enabled; None
+    when health or process attribution is off."""
+    if not config.health.enabled or not config.metrics.process_attribution:
+        return None
+    recorder = None
+    kube = config.kubernetes
+    if kube.enabled:
+        try:
+            recorder = EventRecorder(
+                make_api(kube), config.node_name, request_timeout_s=kube.request_timeout_s
+            )
+        except KubeUnavailableError as exc:
+            log.warning("application XIDs are counted but no Events are recorded: %s", exc)
+    return XidAttributor(processes, recorder)
+
+
 def build(
     config: AgentConfig,
     model: HealthModel,
@@ -149,6 +183,7 @@ def build(
     *,
     labels: Provider | None = None,
     annotations: Provider | None = None,
+    xids: XidAttributor | None = None,
 ) -> HealthComponent:
     """The health component around ``model``.
 
@@ -166,4 +201,4 @@ def build(
         extra_labels=labels,
         extra_annotations=annotations,
     )
-    return HealthComponent(model, events, snapshots, reporter)
+    return HealthComponent(model, events, snapshots, reporter, xids)

@@ -15,7 +15,7 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
-from nodeagent.workloads import CgroupReader, Device, PodIndex
+from nodeagent.workloads import CgroupReader, Device, PodIndex, Workload
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_exporters.probe import ProbeRunner
@@ -154,6 +154,7 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs(tmp_path: Path) -> None
             cgroups=CgroupReader(tmp_path),
             pod_index=lambda: PodIndex({UID0: ("ml", "train-0"), UID1: ("ml", "train-1")}),
             probe=lambda: probe,
+            app_xids=lambda: {(Device(3, gpu_uuid(3)), Workload("ml", "train-0", "main"), 13): 2},
         )
     )
     # A canary that failed once on GPU 3.

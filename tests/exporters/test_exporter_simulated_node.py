@@ -60,6 +60,7 @@ mig-configs:
       mig-enabled: false
 """
 XID_GPU, XID = 5, 48  # a double-bit ECC error on a whole GPU
+APP_XID = 13  # a graphics engine exception: the application's fault
 NVML_ERROR_GPU, NVML_FUNCTION = 6, "nvmlDeviceGetPowerUsage"
 
 
@@ -133,9 +134,12 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
     assert model is not None
     plugin = device_plugin_component.build(config, snapshots, model)
     assert plugin is not None
+    xids = health_component.build_attributor(config, lambda: exporter.renderer.processes)
+    assert xids is not None
     exporter = exporters_component.build(
         config,
         snapshots,
+        app_xids=xids.counts,
         health=model,
         devices=plugin,
         restarts=restarts,
@@ -143,7 +147,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         started_at_s=snapshot.timestamp_s,
     )
     assert isinstance(exporter, MetricsExporter)
-    health = health_component.build(config, model, node, snapshots)
+    health = health_component.build(config, model, node, snapshots, xids=xids)
     kubelet = TestKubelet(short_dir / "kubelet")
     kubelet.start()
     sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
@@ -175,6 +179,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             f"0::/kubepods/besteffort/pod{uid}/{'e' * 64}\n"
         )
         exporter.pod_index = SimpleNamespace(latest=PodIndex({uid: ("ml", "side-car-job")}))
+        app_xid_injected = False
 
         sim.inject("xid", XID_GPU, code=XID)
         sim.inject("nvml-error", NVML_ERROR_GPU, code=10, function=NVML_FUNCTION)
@@ -193,6 +198,11 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             # loop waits its interval before the first round).
             assert exporter.probe is not None
             exporter.probe.round()
+            nonlocal app_xid_injected
+            if not app_xid_injected and exporter.renderer.shared:
+                # An application XID on the shared GPU, once its pods are attributed.
+                sim.inject("xid", trained, code=APP_XID)
+                app_xid_injected = True
             sampler.sample_once()
             wait_until(lambda: exporter.latest is not None, 1.0)
             seen.append(scrape())
@@ -204,6 +214,10 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 and value(samples, "nodeagent_workload_gpu_sm_share_ratio", pod="train-0")
                 is not None
                 and value(samples, "nodeagent_shared_gpu_probe_up", gpu=str(trained)) == 1.0
+                and value(
+                    samples, "nodeagent_workload_gpu_xid_errors_total", pod="side-car-job", xid="13"
+                )
+                == 1.0
                 and (value(samples, "nodeagent_nvml_errors_total", function=NVML_FUNCTION) or 0)
                 >= 1
                 and value(samples, "nodeagent_gpu_health_state", uuid=failing, state="degraded")
