@@ -411,17 +411,15 @@ class Controller:
                         return
                     busy += 1
                     record = gpu_remediation.GpuRecord(started_s=now)
-                    self.metrics.gpu_remediations.labels(result="started").inc()
-                    self._event(
+                    pods = ", ".join(gpu.pods) or "none"
+                    self._gpu_step(
                         node.name,
+                        "started",
                         "GPURemediationStarted",
-                        f"GPU {index} is {gpu.health}: evicting only its pods "
-                        f"({', '.join(gpu.pods) or 'none'}); the node stays in service",
+                        f"GPU {index} is {gpu.health}: evicting only its pods ({pods}); the "
+                        "node stays in service",
                         now,
-                        True,
                     )
-                    log.info("GPU %d of %s is %s: evicting %s", index, node.name, gpu.health,
-                             ", ".join(gpu.pods) or "no pods")  # fmt: skip
                 if self.dry_run or not self.may_act():
                     continue
                 updated[index] = self._evict_gpu_pods(node, index, gpu.pods, record, now)
@@ -429,6 +427,14 @@ class Controller:
                 value = gpu_remediation.encode_records(updated)
                 patch = {"metadata": {"annotations": {lbl.GPU_REMEDIATION_ANNOTATION: value}}}
                 self._write(node, patch, "record GPU remediation", guard=False)
+
+    def _gpu_step(
+        self, node: str, result: str, reason: str, message: str, now: float, *, warning: bool = True
+    ) -> None:
+        """One remediation step: logged, counted and recorded as an Event on the node."""
+        self.metrics.gpu_remediations.labels(result=result).inc()
+        log.info("node %s: %s", node, message)
+        self._event(node, reason, message, now, warning)
 
     def _evict_gpu_pods(
         self,
@@ -470,14 +476,14 @@ class Controller:
         )
         if remaining == 0:
             updated = updated.with_(done=True)
-            self.metrics.gpu_remediations.labels(result="succeeded").inc()
-            self._event(
+            self._gpu_step(
                 node.name,
+                "succeeded",
                 "GPURemediationSucceeded",
                 f"GPU {index}: {updated.evicted} pods evicted, {updated.blocked} PDB refusals; "
                 "the agent returns the GPU once it is healthy",
                 now,
-                False,
+                warning=False,
             )
         return updated
 

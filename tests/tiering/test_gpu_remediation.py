@@ -8,6 +8,7 @@ import json
 from nodeagent import labels as lbl
 from nodeagent.published import PublishedGpu, PublishedNode, encode
 from nodeagent_tiering.nodes import DRAIN_ANNOTATION
+from nodeagent_tiering.planner import BreakerState
 from tests.tiering.conftest import gpu_labels
 
 H100 = gpu_labels()
@@ -135,3 +136,20 @@ def test_dry_run_reports_the_pods_it_would_evict(cluster, make_controller):
     refresh(ctl)
     assert cluster.calls("create", "pods/eviction") == []
     assert any("evict the pods of GPU 3" in line and "pa" in line for line in ctl.dry_log.lines)
+
+
+def test_nothing_starts_while_the_breaker_is_open(cluster, make_controller):
+    cluster.add_nodes({"a": H100})
+    cluster.add_pod("pa", "a")
+    cluster.wait_running("pa")
+    ctl = make_controller(pol=cluster.policy(gpu_remediation={"enabled": True}))
+    refresh(ctl)
+    ctl.breaker = BreakerState(open=True, reason="3 of 4 nodes turned unstable", since_s=0.0)
+    publish(cluster, "a", {3: "unhealthy"}, {3: ["pa"]})
+    refresh(ctl)
+    assert cluster.calls("create", "pods/eviction") == []
+    assert records(cluster, "a") == {}
+    deferred = ctl.metrics.registry.get_sample_value(
+        "nodeagent_tiering_gpu_remediations_total", {"result": "deferred"}
+    )
+    assert deferred == 1
