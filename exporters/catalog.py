@@ -487,6 +487,24 @@ _SPECS: tuple[MetricSpec, ...] = (
         "Age of the pod attribution at render time.",
         "device plugin",
     ),
+    MetricSpec(
+        "nodeagent_gpu_remediation_steps_total",
+        C,
+        (*_GPU, "step", "result"),
+        "1",
+        "Remediation steps run before a GPU whose fault cleared serves again "
+        "(pools.<pool>.remediation): step reset or validate, result passed, failed or skipped.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_validation_passed",
+        G,
+        _GPU,
+        "1",
+        "1 when the GPU's last validation (remediation.validate_command) passed, 0 when it "
+        "failed (the GPU stays withdrawn, reason 'validation failed').",
+        "health",
+    ),
     # --- workloads on shared GPUs -----------------------------------------------------------
     MetricSpec(
         "nodeagent_gpu_unattributed_memory_used_bytes",

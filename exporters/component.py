@@ -17,7 +17,7 @@ from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.probe import ProbeRunner
-from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources
+from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources, StepCounts
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class MetricsExporter:
         started_at_s: float | None = None,
         pod_index: PodIndexPoller | None = None,
         app_xids: AppXids | None = None,
+        remediation_steps: StepCounts | None = None,
+        validations: Callable[[], Mapping[str, bool]] | None = None,
     ) -> None:
         self.config = config
         self.pod_index = pod_index
@@ -76,6 +78,8 @@ class MetricsExporter:
                 max_workload_series=cfg.max_workload_series,
                 probe=lambda: self.probe,
                 app_xids=app_xids or dict,
+                remediation_steps=remediation_steps or dict,
+                validations=validations or dict,
             )
         )
         self.probe: ProbeRunner | None = None
@@ -220,6 +224,8 @@ def build(
     mig_status: Callable[[], MigLayoutStatus | None] | None = None,
     started_at_s: float | None = None,
     app_xids: AppXids | None = None,
+    remediation_steps: StepCounts | None = None,
+    validations: Callable[[], Mapping[str, bool]] | None = None,
 ) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
     cfg = config.metrics
@@ -255,6 +261,8 @@ def build(
         started_at_s=started_at_s,
         pod_index=pod_index,
         app_xids=app_xids,
+        remediation_steps=remediation_steps,
+        validations=validations,
     )
 
 

@@ -197,9 +197,14 @@ class Sources:
     probe: Callable[[], ProbeRunner | None] = lambda: None
     # Application XIDs by (device, workload, code), from the health feature's attributor.
     app_xids: AppXids = dict
+    # Remediation steps by (GPU index, UUID, step, result), and whether each GPU's last
+    # validation passed (UUID -> bool), from the health feature's validator.
+    remediation_steps: StepCounts = dict
+    validations: Callable[[], Mapping[str, bool]] = dict
 
 
 AppXids = Callable[[], Mapping[tuple[Device, Workload, int], int]]
+StepCounts = Callable[[], Mapping[tuple[int, str, str, str], int]]
 
 
 def _opt_flag(value: bool | None) -> float | None:
@@ -281,6 +286,7 @@ class Renderer:
         self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
         self._workloads(f, snap, allocations)
+        self._remediation(f, snap)
         self._agent(f, snap)
         return NodeCapacity(
             mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
@@ -562,6 +568,13 @@ class Renderer:
             f.add("nodeagent_workload_gpu_processes", labels, r.processes)
             if r.sm_share_ratio is not None:
                 f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
+
+    def _remediation(self, f: _Families, snap: NodeSnapshot) -> None:
+        for (gpu, uuid, step, result), count in sorted(self.sources.remediation_steps().items()):
+            f.add("nodeagent_gpu_remediation_steps_total", (str(gpu), uuid, step, result), count)
+        index = {g.info.uuid: str(g.info.index) for g in snap.gpus}
+        for uuid, passed in sorted(self.sources.validations().items()):
+            f.add("nodeagent_gpu_validation_passed", (index.get(uuid, ""), uuid), float(passed))
 
     def _agent(self, f: _Families, snap: NodeSnapshot) -> None:
         f.add("nodeagent_sample_duration_seconds", (), snap.sample_duration_s)

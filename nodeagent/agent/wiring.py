@@ -30,6 +30,7 @@ from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
+from nodeagent.health.validation import GpuValidator
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent_device_plugin import component as device_plugin
@@ -73,6 +74,7 @@ def build(
     xids = health.build_attributor(
         config, lambda: exporter.renderer.processes if exporter is not None else ()
     )
+    validator: GpuValidator | None = None  # built with the health component, read late
     exporter = exporters.build(
         config,
         feed,
@@ -84,6 +86,8 @@ def build(
         mig_status=reconciler.status if reconciler is not None else None,
         started_at_s=started_at_s,
         app_xids=xids.counts if xids is not None else None,
+        remediation_steps=lambda: validator.counts() if validator is not None else {},
+        validations=lambda: validator.passed() if validator is not None else {},
     )
     health_component = None
     if model is not None:
@@ -96,8 +100,16 @@ def build(
             capacity = exporter.capacity_annotations() if exporter is not None else {}
             return {**capacity, **gpu_state()}
 
+        validator = health.build_validator(config, model, node, feed)
         health_component = health.build(
-            config, model, node, feed, labels=labels, annotations=annotations, xids=xids
+            config,
+            model,
+            node,
+            feed,
+            labels=labels,
+            annotations=annotations,
+            xids=xids,
+            validator=validator,
         )
     components: tuple[Component, ...] = tuple(
         c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -97,6 +97,35 @@ class Sharing(Schema):
         return self
 
 
+RemediationStep = Literal["reset", "validate"]
+
+
+class RemediationPolicy(Schema):
+    """What the agent does before a GPU whose fault cleared serves again (off by default)."""
+
+    enabled: bool = Field(
+        False,
+        description="hold a GPU whose unhealthy fault cleared until its steps pass",
+    )
+    steps: tuple[RemediationStep, ...] = Field(
+        ("validate",), min_length=1, description="in order: reset (the GPU) and validate"
+    )
+    validate_command: tuple[str, ...] = Field(
+        (),
+        description="argv of a short diagnostic, run with CUDA_VISIBLE_DEVICES set to the GPU; "
+        "exit 0 passes; empty: the validate step passes at once",
+    )
+    validate_timeout_s: float = Field(300.0, ge=1, le=3600, description="a longer run fails")
+    allow_reset: bool = Field(
+        False, description="the reset step may reset the GPU (never while a process runs)"
+    )
+    max_resets: int = Field(1, ge=0, le=100, description="GPU resets per reset_period_s, node-wide")
+    reset_period_s: float = Field(86400.0, ge=60, le=30 * 86400, description="the cap's period")
+    retry_s: float = Field(
+        300.0, ge=1, le=86400, description="a GPU whose steps failed is tried again after this"
+    )
+
+
 class PoolPolicy(Schema):
     """What one pool wants."""
 
@@ -121,6 +150,7 @@ class PoolPolicy(Schema):
     mig_partial_apply: bool = Field(
         False, description="apply the layout to the other GPUs while a busy one waits"
     )
+    remediation: RemediationPolicy = Field(default_factory=RemediationPolicy)
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""

@@ -1,4 +1,4 @@
-"""Kubernetes Events about pods, written by the agent (``core/v1`` Events).
+"""Kubernetes Events about pods and this node, written by the agent (``core/v1`` Events).
 
 One Event per call, on the pod (``involvedObject`` kind Pod with its UID where known), with
 ``source.component`` ``nodeagent`` and ``source.host`` this node, so ``kubectl describe pod``
@@ -41,7 +41,6 @@ class EventRecorder:
 
     def pod_event(self, pod: PodRef, reason: str, message: str, *, warning: bool = True) -> None:
         """Record one Event on ``pod``. Raises KubeUnavailableError when the API refuses it."""
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -50,13 +49,27 @@ class EventRecorder:
         }
         if pod.uid:
             involved["uid"] = pod.uid
+        self._create(pod.namespace, pod.name, involved, reason, message, warning)
+
+    def node_event(self, reason: str, message: str, *, warning: bool = True) -> None:
+        """Record one Event on this node (in ``default``, where Events about nodes live)."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node_name}
+        self._create("default", self.node_name, involved, reason, message, warning)
+
+    def _create(
+        self,
+        namespace: str,
+        name: str,
+        involved: dict[str, Any],
+        reason: str,
+        message: str,
+        warning: bool,
+    ) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {
-                "name": f"{pod.name}.{uuid.uuid4().hex[:16]}",
-                "namespace": pod.namespace,
-            },
+            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
             "involvedObject": involved,
             "reason": reason,
             "message": message[:_MAX_MESSAGE],
@@ -70,10 +83,11 @@ class EventRecorder:
         }
         try:
             self.api.create_namespaced_event(
-                pod.namespace, body, _request_timeout=self.request_timeout_s
+                namespace, body, _request_timeout=self.request_timeout_s
             )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            what = f"{involved['kind'].lower()} {namespace}/{name}"
             raise KubeUnavailableError(
-                f"Event {reason} on pod {pod.namespace}/{pod.name}: {getattr(exc, 'reason', exc)}"
+                f"Event {reason} on {what}: {getattr(exc, 'reason', exc)}"
             ) from exc
         self.sent += 1

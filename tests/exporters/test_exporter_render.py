@@ -155,6 +155,8 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs(tmp_path: Path) -> None
             pod_index=lambda: PodIndex({UID0: ("ml", "train-0"), UID1: ("ml", "train-1")}),
             probe=lambda: probe,
             app_xids=lambda: {(Device(3, gpu_uuid(3)), Workload("ml", "train-0", "main"), 13): 2},
+            remediation_steps=lambda: {(2, gpu_uuid(2), "validate", "failed"): 1},
+            validations=lambda: {gpu_uuid(2): False},
         )
     )
     # A canary that failed once on GPU 3.

@@ -59,6 +59,9 @@ mig-configs:
     - devices: [4, 5, 6, 7]
       mig-enabled: false
 """
+# Remediation steps run only once a fault has cleared (after health.fatal_hold_s), and only
+# where the pool enables them: tests/health/test_validation.py and the renderer's test.
+AFTER_A_CLEARED_FAULT = {"nodeagent_gpu_remediation_steps_total", "nodeagent_gpu_validation_passed"}
 XID_GPU, XID = 5, 48  # a double-bit ECC error on a whole GPU
 APP_XID = 13  # a graphics engine exception: the application's fault
 NVML_ERROR_GPU, NVML_FUNCTION = 6, "nvmlDeviceGetPowerUsage"
@@ -233,10 +236,11 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         assert value(samples, mem, pod="infer-0", mig_profile="1g.10gb") == 1024 * 1024 * 1024
         emitted = {name for name, _ in samples}
         # A counter's samples carry the _total suffix the catalog names include.
-        missing = set(CATALOG) - emitted - ABSENT_ON_H100
+        missing = set(CATALOG) - emitted - ABSENT_ON_H100 - AFTER_A_CLEARED_FAULT
         assert missing == set(), f"families not scraped from the simulated node: {missing}"
         # The exemptions must stay honest: each one is really absent here.
         assert ABSENT_ON_H100 & emitted == set(), "a family listed as absent is present"
+        assert AFTER_A_CLEARED_FAULT & emitted == set(), "remediation ran without a cleared fault"
         assert set(CATALOG) >= ABSENT_ON_H100, "the absent list names unknown families"
         # The injected faults are what the families report, not just present.
         assert value(samples, "nodeagent_gpu_health_state", uuid=xid_gpu, state="healthy") == 0.0
