@@ -121,6 +121,17 @@ class MetricsExporter:
             out[labels.FRAGMENTATION_ANNOTATION] = f"{capacity.mig_fragmentation_mean:.2f}"
         return out
 
+    def shared_gpus(self) -> dict[str, tuple[float, int]]:
+        """GPU UUID -> (interference, workloads) of its worst shared device, last render."""
+        out: dict[str, tuple[float, int]] = {}
+        for d in self.renderer.shared:
+            ratio, count = out.get(d.device.gpu_uuid, (-1.0, 0))
+            if d.interference_ratio > ratio:
+                out[d.device.gpu_uuid] = (d.interference_ratio, max(count, len(d.workloads)))
+            else:
+                out[d.device.gpu_uuid] = (ratio, max(count, len(d.workloads)))
+        return out
+
     def live_check(self) -> bool:
         """What ``/healthz`` reports: the agent's liveness (threads up, sampling not wedged)."""
         return self._live_check() if self._live_check is not None else True

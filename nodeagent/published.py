@@ -15,7 +15,8 @@ compact JSON (about 1.9 kB for an 8x H100 node split into 56 ``1g.10gb`` instanc
      "gpus": [{"i": 0, "m": "NVIDIA H100 80GB HBM3", "h": "healthy", "nv": 0, "numa": 0,
                "mig": [["1g.10gb", 0, 1, "b"], ...],   # profile, start, size, flags
                "b": true, "a": "team-a/train-0",       # whole GPU: busy, holder
-               "ps": ["team-a/train-0"]}]}             # every pod holding it or its MIG devices
+               "ps": ["team-a/train-0"],               # every pod holding it or its MIG devices
+               "if": 0.42, "sw": 3}]}                  # shared: interference, workloads
 
 - ``models``: per GPU model with MIG enabled on some GPU, its memory slices (``s``) and its
   profiles as ``[name, memory slices, compute slices, max count, [legal starts]]``;
@@ -80,6 +81,10 @@ class PublishedGpu:
     # Every "namespace/pod" holding the GPU or one of its MIG devices (replicas of a shared
     # GPU included): the pods a remediation of this one GPU evicts (pod-resources).
     pods: tuple[str, ...] = ()
+    # Shared GPU (two or more workloads on it or one of its MIG devices): the worst device's
+    # interference ratio and its workload count (see docs/sharing.md); None when not shared.
+    interference: float | None = None
+    shared_workloads: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -105,13 +110,15 @@ def publish(
     health: Mapping[str, str] | None = None,
     allocations: Mapping[str, str] | None = None,
     pods: Mapping[str, Sequence[str]] | None = None,
+    shared: Mapping[str, tuple[float, int]] | None = None,
 ) -> PublishedNode:
     """The published view of ``snapshot``.
 
     ``health`` maps a GPU UUID to its health state (absent GPUs count as healthy unless lost);
     ``allocations`` maps device UUIDs (``GPU-...`` and ``MIG-...``) to the ``namespace/pod``
     holding them, or is ``None`` when the kubelet's pod-resources API is not read; ``pods``
-    maps a device UUID to every pod holding it (several on a shared GPU).
+    maps a device UUID to every pod holding it (several on a shared GPU); ``shared`` maps a GPU
+    UUID to (interference ratio, workloads) of its worst shared device.
     """
     health = health or {}
     indices = [g.info.index for g in snapshot.gpus]
@@ -148,6 +155,8 @@ def publish(
                 busy=mig is None and bool(processes),
                 holder=(allocations or {}).get(info.uuid) if mig is None else None,
                 pods=_pods_of(gpu, pods or {}),
+                interference=(shared or {}).get(info.uuid, (None, 0))[0],
+                shared_workloads=(shared or {}).get(info.uuid, (None, 0))[1],
             )
         )
     return PublishedNode(tuple(gpus), geometries, allocations is not None)
@@ -182,6 +191,9 @@ def _encode_gpu(g: PublishedGpu) -> dict[str, Any]:
         out["a"] = g.holder
     if g.pods:
         out["ps"] = list(g.pods)
+    if g.interference is not None:
+        out["if"] = round(g.interference, 2)  # finer changes are noise: no patch for them
+        out["sw"] = g.shared_workloads
     return out
 
 
@@ -291,6 +303,8 @@ def _decode_gpu(raw: Any) -> PublishedGpu:
         busy=bool(raw.get("b", False)),
         holder=str(holder) if holder is not None else None,
         pods=tuple(str(p) for p in pods),
+        interference=float(raw["if"]) if raw.get("if") is not None else None,
+        shared_workloads=_int(raw.get("sw", 0), "gpus.sw"),
     )
 
 

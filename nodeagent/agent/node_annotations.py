@@ -43,8 +43,10 @@ class GpuStateAnnotation:
         snapshots: SnapshotFeed,
         health: HealthSource | None = None,
         allocations: Callable[[], Allocations | None] | None = None,
+        shared: Callable[[], Mapping[str, tuple[float, int]]] | None = None,
     ) -> None:
         self._snapshots = snapshots
+        self._shared = shared
         self._health = health
         self._allocations = allocations
 
@@ -58,6 +60,10 @@ class GpuStateAnnotation:
             states = {uuid: d.state.value for uuid, d in self._health.device_health().items()}
         allocations = self._allocations() if self._allocations is not None else None
         node = published.publish(
-            snapshot, states, holders(allocations), pods_by_device(allocations)
+            snapshot,
+            states,
+            holders(allocations),
+            pods_by_device(allocations),
+            self._shared() if self._shared is not None else None,
         )
         return {labels.GPU_STATE_ANNOTATION: published.encode(node)}

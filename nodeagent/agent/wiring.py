@@ -93,7 +93,10 @@ def build(
     if model is not None:
         poller = exporter.poller if exporter is not None else None
         gpu_state = GpuStateAnnotation(
-            feed, model, (lambda: poller.latest) if poller is not None else None
+            feed,
+            model,
+            (lambda: poller.latest) if poller is not None else None,
+            exporter.shared_gpus if exporter is not None else None,
         )
 
         def annotations() -> Mapping[str, str]:

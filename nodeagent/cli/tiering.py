@@ -318,6 +318,7 @@ def report_command(
         query_usage,
         read_inputs,
     )
+    from nodeagent_tiering.review_sharing import sharing_section
 
     try:
         period_s = parse_duration(since) if since is not None else period_days * 86400
@@ -343,8 +344,9 @@ def report_command(
             fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
         except ReportError as exc:
             fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
+        nodes = [NodeView.from_object(o) for o in inputs.nodes]
         review = build_review(
-            [NodeView.from_object(o) for o in inputs.nodes],
+            nodes,
             inputs.events,
             policy=policy,
             now_s=now,
@@ -363,6 +365,7 @@ def report_command(
             )
         )
     review.sections.append(_fragmentation(kube, namespace, policy, now, period_s))
+    review.sections.append(sharing_section(nodes))
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:

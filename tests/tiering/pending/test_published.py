@@ -140,6 +140,11 @@ def test_the_provider_takes_health_and_pod_resources(
     assert published.gpus[0].pods == ("ns/p", "ns/q")  # every pod a GPU remediation evicts
     assert published.gpus[1].holder is None
     assert published.gpus[1].pods == ()
+    # The exporter's shared GPUs: interference of the worst device, and its workloads.
+    shared = GpuStateAnnotation(store, None, lambda: held, lambda: {gpu0: (0.634, 2)})
+    published = decode(shared()[lbl.GPU_STATE_ANNOTATION])
+    assert (published.gpus[0].interference, published.gpus[0].shared_workloads) == (0.63, 2)
+    assert published.gpus[1].interference is None
     unknown = Allocations(0.0, False, known=False)
     assert not decode(GpuStateAnnotation(store, None, lambda: unknown)()[
         lbl.GPU_STATE_ANNOTATION]).allocations_known  # fmt: skip
