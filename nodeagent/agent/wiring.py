@@ -27,6 +27,7 @@ from pathlib import Path
 from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
 from nodeagent.agent.sampler import Sampler
+from nodeagent.agent.sharing_actions import SharingActions
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
@@ -114,8 +115,14 @@ def build(
             xids=xids,
             validator=validator,
         )
+    actions = None
+    if config.pool.sharing_actions.enabled and exporter is not None:
+        shared_now = exporter.renderer
+        actions = SharingActions(config, feed, lambda: shared_now.shared, plugin)
     components: tuple[Component, ...] = tuple(
-        c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None
+        c
+        for c in (sampler, reconciler, health_component, plugin, exporter, actions)
+        if c is not None
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
     return Wired(components, reloadables)

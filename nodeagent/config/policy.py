@@ -126,6 +126,24 @@ class RemediationPolicy(Schema):
     )
 
 
+class SharingActionsPolicy(Schema):
+    """What a pool does about a shared GPU that stays noisy (off by default)."""
+
+    enabled: bool = Field(False, description="act on sustained interference of a shared GPU")
+    dry_run: bool = Field(False, description="log what would be done, change nothing")
+    interference_threshold: float = Field(
+        0.5, gt=0, le=1, description="interference ratio at or above which a GPU is noisy"
+    )
+    memory_pressure_threshold: float = Field(
+        0.95, gt=0, le=1, description="memory pressure at or above which a GPU is noisy"
+    )
+    for_s: float = Field(900.0, ge=0, le=86400, description="how long it must stay noisy")
+    action: Literal["cap-replicas", "exclusive"] = Field(
+        "cap-replicas", description="cap its replicas, or make it exclusive"
+    )
+    cap_replicas: int = Field(2, ge=1, le=MAX_REPLICAS, description="replicas after a cap")
+
+
 class PoolPolicy(Schema):
     """What one pool wants."""
 
@@ -151,6 +169,7 @@ class PoolPolicy(Schema):
         False, description="apply the layout to the other GPUs while a busy one waits"
     )
     remediation: RemediationPolicy = Field(default_factory=RemediationPolicy)
+    sharing_actions: SharingActionsPolicy = Field(default_factory=SharingActionsPolicy)
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""
