@@ -30,12 +30,13 @@ from nodeagent.workloads import (
     PodIndex,
     SharedDevice,
     Workload,
+    WorkloadUsage,
     attribute,
     shared_devices,
     usage_by_workload,
 )
 from nodeagent_exporters.catalog import Kind, spec
-from nodeagent_exporters.podresources import Allocations
+from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_exporters.probe import ProbeRunner
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,56 @@ def _device_labels(d: Device) -> tuple[str, str, str, str]:
     return (str(d.gpu_index), d.gpu_uuid, d.mig_profile or "", instance)
 
 
+@dataclass(frozen=True, slots=True)
+class _WorkloadView:
+    """What one set of inputs gives: attributed processes, rows, shared devices."""
+
+    key: object
+    processes: tuple[AttributedProcess, ...]
+    unattributed: tuple[tuple[tuple[str, str, str, str], int], ...]
+    rows: tuple[WorkloadUsage, ...]
+    dropped: int
+    shared: tuple[SharedDevice, ...]
+
+
+def _workload_view(
+    key: object,
+    snap: NodeSnapshot,
+    holders: Sequence[PodDevice],
+    cgroups: CgroupReader,
+    index: PodIndex | None,
+    cap: int,
+) -> _WorkloadView:
+    processes = attribute(snap, holders, cgroups, index)
+    cgroups.retain(p.process.pid for p in processes)
+    # Every device that answered gets a series, so "nothing unattributed" reads 0.
+    per_device: dict[tuple[str, str, str, str], int] = {}
+    for g in snap.gpus:
+        if g.telemetry is None:
+            continue
+        if not g.info.mig_enabled:
+            per_device[(str(g.info.index), g.info.uuid, "", "")] = 0
+        for gi in g.mig_instances:
+            per_device[(str(g.info.index), g.info.uuid, gi.profile, str(gi.instance_id))] = 0
+    for p in processes:
+        if p.workload is None or not p.workload.named:
+            ids = _device_labels(p.device)
+            per_device[ids] = per_device.get(ids, 0) + (p.process.used_memory_bytes or 0)
+    rows = usage_by_workload(processes)
+    kept = rows
+    if len(rows) > cap:
+        biggest = set(sorted(rows, key=lambda r: -r.memory_used_bytes)[:cap])
+        kept = tuple(r for r in rows if r in biggest)
+    return _WorkloadView(
+        key,
+        processes,
+        tuple(sorted(per_device.items())),
+        kept,
+        len(rows) - len(kept),
+        shared_devices(snap, processes),
+    )
+
+
 class Renderer:
     """Turns snapshots into :class:`Rendered`; keeps the counters that span snapshots."""
 
@@ -232,6 +283,7 @@ class Renderer:
         # The processes of the last render with their pods (read by the CLI and the tests).
         self.processes: tuple[AttributedProcess, ...] = ()
         self.shared: tuple[SharedDevice, ...] = ()  # devices several workloads use
+        self._workload_view: _WorkloadView | None = None
 
     def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
         """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
@@ -511,33 +563,34 @@ class Renderer:
             self.shared = ()
             return
         holders = allocations.pod_devices if allocations is not None else ()
-        processes = attribute(snap, holders, cgroups, self.sources.pod_index())
-        cgroups.retain(p.process.pid for p in processes)
-        self.processes = processes
-        # Every device that answered gets a series, so "nothing unattributed" reads 0.
-        per_device: dict[tuple[str, str, str, str], int] = {}
-        for g in snap.gpus:
-            if g.telemetry is None:
-                continue
-            if not g.info.mig_enabled:
-                per_device[(str(g.info.index), g.info.uuid, "", "")] = 0
-            for gi in g.mig_instances:
-                per_device[(str(g.info.index), g.info.uuid, gi.profile, str(gi.instance_id))] = 0
-        for p in processes:
-            if p.workload is None or not p.workload.named:
-                ids = _device_labels(p.device)
-                per_device[ids] = per_device.get(ids, 0) + (p.process.used_memory_bytes or 0)
-        for ids, unattributed in sorted(per_device.items()):
-            f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
-        rows = usage_by_workload(processes)
+        index = self.sources.pod_index()
         cap = self.sources.max_workload_series
-        kept = rows
-        if len(rows) > cap:
-            biggest = sorted(rows, key=lambda r: -r.memory_used_bytes)[:cap]
-            kept = tuple(r for r in rows if r in set(biggest))
-        f.add("nodeagent_workload_series_dropped", (), len(rows) - len(kept))
-        self.shared = shared_devices(snap, processes)
-        for d in self.shared:
+        # The inputs of the workload view: an unchanged node (a MIG node's processes hold
+        # still) is not attributed again.
+        gpus = tuple(
+            (g.info.index, g.mig_instances, t.processes, t.utilization_gpu_ratio,
+             t.memory_used_bytes, t.clock_event_reasons)  # what attribution and interference read
+            for g in snap.gpus
+            if (t := g.telemetry) is not None
+        )  # fmt: skip
+        key = (gpus, holders, index, cap)
+        view = self._workload_view
+        if view is None or view.key != key:
+            view = _workload_view(key, snap, holders, cgroups, index, cap)
+            self._workload_view = view
+        self.processes = view.processes
+        self.shared = view.shared
+        for ids, unattributed in view.unattributed:
+            f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
+        f.add("nodeagent_workload_series_dropped", (), view.dropped)
+        for r in view.rows:
+            w = r.workload
+            labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)
+            f.add("nodeagent_workload_gpu_memory_used_bytes", labels, r.memory_used_bytes)
+            f.add("nodeagent_workload_gpu_processes", labels, r.processes)
+            if r.sm_share_ratio is not None:
+                f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
+        for d in view.shared:
             ids = _device_labels(d.device)
             f.add("nodeagent_shared_gpu_workloads", ids, len(d.workloads))
             f.add("nodeagent_shared_gpu_interference_ratio", ids, d.interference_ratio)
@@ -561,13 +614,6 @@ class Renderer:
                 f.add("nodeagent_shared_gpu_probe_duration_seconds", ids, result.duration_s)
                 f.add("nodeagent_shared_gpu_probe_up", ids, float(result.ok))
                 f.add("nodeagent_shared_gpu_probe_failures_total", ids, failures.get(device, 0))
-        for r in kept:
-            w = r.workload
-            labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)
-            f.add("nodeagent_workload_gpu_memory_used_bytes", labels, r.memory_used_bytes)
-            f.add("nodeagent_workload_gpu_processes", labels, r.processes)
-            if r.sm_share_ratio is not None:
-                f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
 
     def _remediation(self, f: _Families, snap: NodeSnapshot) -> None:
         for (gpu, uuid, step, result), count in sorted(self.sources.remediation_steps().items()):

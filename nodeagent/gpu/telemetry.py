@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 from nodeagent.gpu import errors
@@ -132,12 +131,15 @@ class ProcessUsage:
             if utilization is not None:
                 sm, mem = utilization.get(proc.pid, (0.0, 0.0))
             out.append(
-                replace(
-                    proc,
-                    name=self._name(proc.pid),
-                    sm_utilization_ratio=sm,
-                    memory_utilization_ratio=mem,
-                    mps_client=proc.pid in mps,
+                ProcessInfo(
+                    proc.pid,
+                    proc.used_memory_bytes,
+                    proc.gpu_instance_id,
+                    proc.compute_instance_id,
+                    self._name(proc.pid),
+                    sm,
+                    mem,
+                    proc.pid in mps,
                 )
             )
         return tuple(out)
