@@ -13,6 +13,7 @@ from typing import Annotated, Self
 
 from pydantic import AfterValidator, Field, model_validator
 
+from nodeagent.config.dra import PoolDra
 from nodeagent.config.errors import FieldError
 from nodeagent.config.loader import Schema
 
@@ -121,6 +122,7 @@ class PoolPolicy(Schema):
     mig_partial_apply: bool = Field(
         False, description="apply the layout to the other GPUs while a busy one waits"
     )
+    dra: PoolDra = Field(default_factory=PoolDra, description="the DRA plugin's pool policy")
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, Field, model_validator
 
 from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.dra import DraSection
 from nodeagent.config.errors import ConfigError, FieldError, FieldPath, Problem, dotted
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
@@ -100,6 +101,7 @@ class AgentConfig(Schema):
     mig: MigSection = Field(default_factory=MigSection)
     health: HealthSection = Field(default_factory=HealthSection)
     device_plugin: DevicePluginSection = Field(default_factory=DevicePluginSection)
+    dra: DraSection = Field(default_factory=DraSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
     pools: dict[PoolName, PoolPolicy] = Field(

@@ -26,6 +26,8 @@ import pytest
 from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError, bins_dir
 from nodeagent.testing.kube.nodes import KubeletStandIn
 
+# The DRA gates the DRA driver's tests need on kube-apiserver and kube-scheduler.
+DRA_FEATURE_GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
 _KEPT_LOGS = pytest.StashKey[list[str]]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -65,7 +67,15 @@ def control_plane() -> Iterator[ControlPlane]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    plane = ControlPlane(scheduler=True, controller_manager=True, kueue=True, bins=bins)
+    plane = ControlPlane(
+        scheduler=True,
+        controller_manager=True,
+        kueue=True,
+        bins=bins,
+        # DRA (resource.k8s.io/v1) is GA; partitionable devices (beta, on by default since 1.36)
+        # and device taints (GA in 1.37) are named so the DRA tests never rest on defaults.
+        feature_gates=DRA_FEATURE_GATES,
+    )
     plane.start()
     try:
         yield plane
