@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -417,7 +418,9 @@ class Driver:
         if share is not None:
             env = share.env
             if share.mps:
-                root = self.state_dir / "dra" / "mps" / uid
+                root = self.mps_root(uid)
+                (root / "pipe").mkdir(parents=True, exist_ok=True)
+                (root / "log").mkdir(parents=True, exist_ok=True)
                 mps = Mps(
                     root / "pipe",
                     root / "log",
@@ -425,6 +428,10 @@ class Driver:
                     share.pinned_memory_limit_mib,
                 )
         return CdiDevice(target.name, uuids, (target.gpu_minor,), caps, mps, env)
+
+    def mps_root(self, uid: str) -> Path:
+        """The MPS pipe and log directories of one claim's containers."""
+        return self.state_dir / "dra" / "mps" / uid
 
     # --- unprepare --------------------------------------------------------------------------
 
@@ -460,6 +467,7 @@ class Driver:
             finally:
                 self.mig_lock.release()
         self.cdi.remove(ref.uid)
+        shutil.rmtree(self.mps_root(ref.uid), ignore_errors=True)
         self.checkpoint.drop(ref.uid)
         log.info("unprepared claim %s/%s", ref.namespace, ref.name)
         return bool(intents)

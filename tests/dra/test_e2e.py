@@ -287,3 +287,79 @@ def test_random_churn_never_overlaps_never_destroys_busy_and_agrees(
             control.remove_process(int(pid))
         assert rig.kubelet.unprepare([(rig.ns, uid, claim)]) == {uid: ""}
     assert nvml_layout(rig.node) == set()
+
+
+def test_a_claim_shared_by_two_containers_through_mps_on_a_dynamic_mig_device(rig: Rig) -> None:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared-1g"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "mig",
+                        "exactly": {
+                            "deviceClassName": "mig.nodeagent.io",
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": "device.attributes['gpu.nodeagent.io']"
+                                        ".profile == '1g.10gb'"
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ],
+                "config": [
+                    {
+                        "requests": ["mig"],
+                        "opaque": {
+                            "driver": "gpu.nodeagent.io",
+                            "parameters": {
+                                "apiVersion": "resource.nodeagent.io/v1beta1",
+                                "kind": "MigDeviceConfig",
+                                "sharing": {
+                                    "strategy": "MPS",
+                                    "mpsConfig": {"defaultActiveThreadPercentage": 50},
+                                },
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+    rig.api.create_namespaced_resource_claim(rig.ns, body)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "two"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": rig.name},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-1g"}],
+            "containers": [
+                {
+                    "name": name,
+                    "image": "registry.invalid/workload:1",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+                for name in ("server", "sidecar")
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    rig.core.create_namespaced_pod(rig.ns, pod)
+    assert wait_until(lambda: rig.allocation("shared-1g") is not None, timeout_s=30)
+    allocated = rig.allocation("shared-1g")
+    assert allocated is not None
+    uid, _device = allocated
+    answer = rig.kubelet.prepare([(rig.ns, uid, "shared-1g")])[uid]
+    assert answer.error == ""
+    spec = rig.component.driver.cdi.spec_path(uid).read_text()
+    assert "CUDA_MPS_PIPE_DIRECTORY" in spec
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in spec
+    assert len(nvml_layout(rig.node)) == 1
+    assert rig.kubelet.unprepare([(rig.ns, uid, "shared-1g")]) == {uid: ""}
+    rig.release("two", "shared-1g")

@@ -264,3 +264,84 @@ def test_a_kill_between_create_and_checkpoint_is_adopted_on_restart(
     assert driver.unprepare([ClaimRefOf(("team-a", "uid-1", "c"))]) == {"uid-1": ""}
     assert instances(h100, 0) == []
     assert os.path.exists(checkpoint_path(tmp_path / "state"))
+
+
+def _gpu_config(
+    sharing: dict, requests: list[str] | None = None, api: str = "resource.nodeagent.io/v1beta1"
+) -> dict:
+    entry = {
+        "source": "FromClaim",
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": api, "kind": "MigDeviceConfig", "sharing": sharing},
+        },
+    }
+    if requests is not None:
+        entry["requests"] = requests
+    return entry
+
+
+def test_mps_on_a_dynamic_mig_device_mounts_the_pipe_and_sets_the_limits(
+    plugin: tuple, h100: GpuNode, claims: Claims
+) -> None:
+    driver, _, connection = plugin
+    mps = {
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+        },
+    }
+    ref = claims.add(
+        claim_json("shared", [("mig", "gpu-0-mig-3g40gb-9-4")], config=[_gpu_config(mps)])
+    )
+    answer = connection.prepare([ref])[ref[1]]
+    assert answer.error == ""
+    assert instances(h100, 0) == ["3g.40gb@4:4"], "MPS together with dynamic MIG"
+    spec = json.loads(driver.cdi.spec_path(ref[1]).read_text())
+    edits = spec["devices"][0]["containerEdits"]
+    pipe = driver.mps_root(ref[1]) / "pipe"
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
+    uuid = h100.mig_instances(0)[0].uuid
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=10240M" in edits["env"]
+    assert edits["mounts"][0]["hostPath"] == str(pipe)
+    assert pipe.is_dir()
+    assert connection.unprepare([ref]) == {ref[1]: ""}
+    assert not driver.mps_root(ref[1]).exists()
+
+
+def test_time_slicing_and_nvidias_parameter_group_are_read_and_bad_ones_fail_their_claim(
+    plugin: tuple, claims: Claims
+) -> None:
+    driver, _, connection = plugin
+    sliced = claims.add(
+        claim_json(
+            "sliced",
+            [("mig", "gpu-1-mig-1g10gb-19-0")],
+            config=[
+                _gpu_config(
+                    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+                    api="resource.nvidia.com/v1beta1",
+                )
+            ],
+        )
+    )
+    bad = claims.add(
+        claim_json(
+            "bad", [("mig", "gpu-1-mig-1g10gb-19-1")], config=[_gpu_config({"strategy": "Magic"})]
+        )
+    )
+    other = claims.add(
+        claim_json(
+            "other-driver",
+            [("mig", "gpu-1-mig-1g10gb-19-2")],
+            config=[{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "?"}}}],
+        )
+    )
+    answers = connection.prepare([sliced, bad, other])
+    assert answers[sliced[1]].error == ""
+    env = json.loads(driver.cdi.spec_path(sliced[1]).read_text())["devices"][0]["containerEdits"]
+    assert "NODEAGENT_SHARING=TimeSlicing" in env["env"]
+    assert "sharing strategy 'Magic'" in answers[bad[1]].error
+    assert answers[other[1]].error == "", "another driver's parameters are not ours to judge"
