@@ -141,8 +141,10 @@ def main() -> None:
     models = {k: v for k, v in geometries().items() if k in ("A100-40GB", "H100-80GB", "A30-24GB")}
     loads = [float(x) for x in args.loads.split(",")]
     print(f"churn on {GPUS}-GPU nodes, {args.events} requests x {args.seeds} seeds per load")
-    header = f"{'model':<11} {'load':>5} {'policy':<14} {'rejected':>9} {'frag':>6} {'rej/planner':>12} {'frag/planner':>13}"
-    print(header)
+    print(
+        f"{'model':<11} {'load':>5} {'policy':<14} {'rejected':>9} {'frag':>6} "
+        f"{'rej/planner':>12} {'frag/planner':>13}"
+    )
     for label, geometry in models.items():
         for load in loads:
             results: dict[str, list[tuple[float, float]]] = {
