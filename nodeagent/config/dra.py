@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import enum
-import re
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
 from nodeagent.config.loader import Schema
+from nodeagent.config.types import dns_subdomain
 
 DEFAULT_DRIVER = "gpu.nodeagent.io"
-# A DRA driver name is a DNS subdomain of at most 63 characters (ResourceSlice spec.driver).
-_DRIVER = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def _driver_name(name: str) -> str:
-    if len(name) > 63 or not _DRIVER.match(name):
-        raise ValueError(
-            f"{name!r} is not a valid DRA driver name (a DNS subdomain of at most 63 characters, "
-            "such as gpu.nodeagent.io)"
-        )
-    return name
+    # ResourceSlice spec.driver: a DNS subdomain of at most 63 characters.
+    return dns_subdomain(name, 63, "DRA driver name")
 
 
 class DeviceClassNames(enum.StrEnum):

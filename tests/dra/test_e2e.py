@@ -67,7 +67,7 @@ class Rig:
         }
         self.api.create_namespaced_resource_claim(self.ns, body)
 
-    def pod(self, name: str, claim: str) -> None:
+    def pod(self, name: str, claim: str, containers: tuple[str, ...] = ("main",)) -> None:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -77,10 +77,11 @@ class Rig:
                 "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
                 "containers": [
                     {
-                        "name": "main",
+                        "name": c,
                         "image": "registry.invalid/workload:1",
                         "resources": {"claims": [{"name": "gpu"}]},
                     }
+                    for c in containers
                 ],
                 "terminationGracePeriodSeconds": 0,
             },
@@ -332,25 +333,7 @@ def test_a_claim_shared_by_two_containers_through_mps_on_a_dynamic_mig_device(ri
         },
     }
     rig.api.create_namespaced_resource_claim(rig.ns, body)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "two"},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": rig.name},
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared-1g"}],
-            "containers": [
-                {
-                    "name": name,
-                    "image": "registry.invalid/workload:1",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-                for name in ("server", "sidecar")
-            ],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-    rig.core.create_namespaced_pod(rig.ns, pod)
+    rig.pod("two", "shared-1g", containers=("server", "sidecar"))
     assert wait_until(lambda: rig.allocation("shared-1g") is not None, timeout_s=30)
     allocated = rig.allocation("shared-1g")
     assert allocated is not None
