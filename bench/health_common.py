@@ -1,17 +1,24 @@
 """Shared setup for the health benchmarks: a simulated agent (sampler + health, optionally the
-device plugin with a test kubelet) composed the way ``nodeagent run --simulate`` does, flagging a
-stand-in API server on loopback: in this process, or one already running elsewhere (``api_url``).
+device plugin with a test kubelet) composed the way ``nodeagent run --simulate`` does, flagging
+its node on a real kube-apiserver (etcd and kube-apiserver from ``make kube-bins`` on loopback)
+under the deploy manifests' ServiceAccount for the agent.
+
+:func:`local_cluster` runs the control plane from this process (its programs are child
+processes; the harness objects live here), :func:`cluster_process` runs it from a separate
+``python -m nodeagent.testing.kube`` so that not even the harness's imports count in this
+process's memory.
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
@@ -28,14 +35,84 @@ from nodeagent.health.model import HealthModel
 from nodeagent.runtime.snapshots import SnapshotStore
 
 if TYPE_CHECKING:  # imported where used, so the storm benchmark's RSS carries no gRPC
+    from nodeagent.testing.kube.controlplane import ControlPlane
     from nodeagent.testing.kubelet import TestKubelet
     from nodeagent_device_plugin.component import DevicePluginComponent
-    from tests.support.kubeapi import KubeAPIServer
 
 REPO = Path(__file__).parents[1]
 NODE = "bench-node"
 PRESET = "dgx-h100"
 RESOURCE = "nvidia.com/gpu"  # what the device plugin advertises for whole GPUs (MIG off)
+
+
+@dataclass
+class Cluster:
+    """Where the agent reports: its kubeconfig, the admin's, and its node's name."""
+
+    agent_kubeconfig: Path
+    admin_kubeconfig: Path
+    node: str
+    agent_user: str = "system:serviceaccount:nodeagent:nodeagent"  # in the audit log
+    plane: ControlPlane | None = None  # when it runs from this process
+    process: subprocess.Popen[str] | None = None  # when it runs from another
+
+    def admin_api(self) -> Any:
+        """A CoreV1Api as the admin (to read the node)."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.admin_kubeconfig), client_configuration=configuration
+        )
+        return client.CoreV1Api(client.ApiClient(configuration))
+
+    def close(self) -> None:
+        if self.plane is not None:
+            self.plane.stop()
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+def local_cluster() -> Cluster:
+    """etcd and kube-apiserver started from this process, the agent's RBAC applied, a node."""
+    from nodeagent.testing.kube.controlplane import ControlPlane
+    from nodeagent.testing.kube.deploy import install_identities
+    from nodeagent.testing.kube.nodes import create_node
+
+    plane = ControlPlane()
+    plane.start()
+    try:
+        identities = install_identities(plane)
+        create_node(plane.api_client(), NODE, gpus=8)
+    except BaseException:
+        plane.stop()
+        raise
+    agent = identities.agent
+    return Cluster(agent.kubeconfig.path, plane.admin.path, NODE, agent.user, plane=plane)
+
+
+def cluster_process() -> Cluster:
+    """The same from ``python -m nodeagent.testing.kube`` (scheduler and controller manager
+    included there), so nothing of the harness is in this process."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeagent.testing.kube", "--no-kueue", "--nodes", "1",
+         "--identities"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: dict[str, str] = {}
+    for line in proc.stdout:
+        key, _, value = line.strip().partition(": ")
+        seen[key] = value
+        if line.startswith("export KUBECONFIG="):
+            seen["admin"] = line.strip().split("=", 1)[1]
+        if line.startswith("serving"):
+            break
+    else:
+        proc.wait()
+        raise SystemExit(f"the control plane did not start (exit {proc.returncode})")
+    return Cluster(Path(seen["agent kubeconfig"]), Path(seen["admin"]), "gpu-node-0", process=proc)
 
 
 @dataclass
@@ -46,7 +123,7 @@ class Agent:
     snapshots: SnapshotStore
     model: HealthModel
     component: HealthComponent
-    api: KubeAPIServer | None  # None when the stand-in runs in another process
+    cluster: Cluster
     kubelet: TestKubelet | None = None
     device_plugin: DevicePluginComponent | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -64,35 +141,23 @@ class Agent:
             t.join(timeout=10)
         if self.kubelet is not None:
             self.kubelet.stop()
-        if self.api is not None:
-            self.api.stop()
         self.node.close()
 
 
 def start_agent(
     tmp: Path,
     health: HealthSection,
+    cluster: Cluster,
     sample_interval_s: float = 1.0,
     *,
-    api_url: str | None = None,
-    node_name: str = NODE,
     device_plugin: bool = False,
 ) -> Agent:
-    """Sampler and health component on threads, flagging a stand-in API server.
+    """Sampler and health component on threads, flagging ``cluster``'s node.
 
-    Without ``api_url`` the stand-in runs in this process (``Agent.api``); with it, the node
-    ``node_name`` must already exist there. ``device_plugin`` adds the real device plugin
-    component, registered with a test kubelet in ``tmp`` (devices recover without a quiet period,
-    so benchmark rounds can repeat on the same GPU).
+    ``device_plugin`` adds the real device plugin component, registered with a test kubelet in
+    ``tmp`` (devices recover without a quiet period, so benchmark rounds can repeat on the same
+    GPU).
     """
-    api = None
-    if api_url is None:
-        from tests.support.kubeapi import KubeAPIServer, make_node
-
-        api = KubeAPIServer().start()
-        api.put("nodes", make_node(node_name, {"kubernetes.io/hostname": node_name},
-                                   gpu_healthy=None))  # fmt: skip
-        api_url = api.url
     kubelet = None
     plugin = DevicePluginSection(enabled=False)
     if device_plugin:
@@ -103,10 +168,10 @@ def start_agent(
         plugin = DevicePluginSection(kubelet_dir=kubelet.directory, health_recovery_quiet_s=0.0)
     node = open_node(simulate=PRESET, state_dir=tmp / "sim")
     cfg = AgentConfig(
-        node=NodeSection(name=node_name),
+        node=NodeSection(name=cluster.node),
         state_dir=tmp / "agent",
         health=health,
-        kubernetes=KubernetesSection(enabled=True, api_server=api_url),
+        kubernetes=KubernetesSection(enabled=True, kubeconfig=cluster.agent_kubeconfig),
         device_plugin=plugin,
     )
     snapshots = SnapshotStore()
@@ -118,7 +183,7 @@ def start_agent(
         from nodeagent_device_plugin.component import build as build_device_plugin
 
         dp = build_device_plugin(cfg, snapshots, model)
-    agent = Agent(node, snapshots, model, component, api, kubelet, dp)
+    agent = Agent(node, snapshots, model, component, cluster, kubelet, dp)
     sampler = Sampler(node, snapshots, SamplerSection(interval_s=sample_interval_s))
     targets = [sampler.run, component.run] + ([dp.run] if dp is not None else [])
     for target in targets:
@@ -129,7 +194,7 @@ def start_agent(
     while agent.patches_sent == 0:
         if time.monotonic() > deadline:
             agent.close()
-            raise SystemExit("the agent never patched the stand-in API server")
+            raise SystemExit("the agent never patched its node through kube-apiserver")
         time.sleep(0.02)
     if kubelet is not None and not kubelet.wait(lambda: RESOURCE in kubelet.plugins, 10):
         agent.close()
@@ -137,10 +202,14 @@ def start_agent(
     return agent
 
 
-def condition_status(api: KubeAPIServer) -> str | None:
-    """The bench node's ``GPUHealthy`` status, ``None`` before the agent set it."""
-    cond = api.node_condition(NODE, "GPUHealthy")
-    return None if cond is None else str(cond["status"])
+def condition_status(cluster: Cluster, core: Any) -> str | None:
+    """The node's ``GPUHealthy`` status as kube-apiserver has it, ``None`` before the agent set
+    it (``core``: :meth:`Cluster.admin_api`)."""
+    node = core.read_node(cluster.node)
+    for cond in node.status.conditions or []:
+        if cond.type == "GPUHealthy":
+            return str(cond.status)
+    return None
 
 
 def p99(values: list[float]) -> float:

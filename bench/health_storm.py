@@ -2,12 +2,13 @@
 
 Run: ``python bench/health_storm.py [--events 1000] [--seconds 10]``. Prints a table.
 
-The agent (sampler at 1 s + health component + reporter) runs in this process. The stand-in API
-server it flags runs in a subprocess (``python -m tests.support.kubeapi``) and a second
+The agent (sampler at 1 s + health component + reporter) runs in this process. The control plane
+it flags its node on (etcd and kube-apiserver from ``make kube-bins``, with the scheduler and the
+controller manager) runs from a subprocess (``python -m nodeagent.testing.kube``) and a second
 subprocess injects the XIDs through the simulator's control API, so the CPU and RSS measured here
-are the agent's alone; the stand-in's CPU is printed beside them for reference. Phases: idle
-(baseline, same run), storm, and after. Checks that every injected XID is counted (per GPU and
-code) and that RSS stays flat.
+are the agent's alone; kube-apiserver's and etcd's CPU is printed beside them for reference.
+Phases: idle (baseline, same run), storm, and after. Checks that every injected XID is counted
+(per GPU and code) and that RSS stays flat.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-from health_common import REPO, print_table, start_agent
+from health_common import cluster_process, print_table, start_agent
 
 from nodeagent.config.health import HealthSection
 
 CODES = (13, 31, 43, 94, 13, 31, 62, 48)  # mostly application XIDs, some fatal ones
-API_NODE = "node-00000"  # the node ``python -m tests.support.kubeapi --nodes 1`` serves
 
 INJECTOR = """
 import sys, time
@@ -67,18 +67,18 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="idle phase length, seconds")
     args = parser.parse_args()
     proc = psutil.Process()
-    stand_in = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.kubeapi", "--nodes", "1"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert stand_in.stdout is not None
-    url = stand_in.stdout.readline().strip()
-    api_proc = psutil.Process(stand_in.pid)
-    api_cpu0 = api_proc.cpu_times()
+    cluster = cluster_process()
+    assert cluster.process is not None
+    servers = [
+        c
+        for c in psutil.Process(cluster.process.pid).children(recursive=True)
+        if c.name() in ("kube-apiserver", "etcd")
+    ]
+    api_cpu0 = [c.cpu_times() for c in servers]
     api_t0 = time.monotonic()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            agent = start_agent(Path(tmp), HealthSection(), api_url=url, node_name=API_NODE)
+            agent = start_agent(Path(tmp), HealthSection(), cluster)
             try:
                 time.sleep(2)  # warm up: first samples, first patches
                 idle_cpu, idle_rss = measure(proc, args.idle)
@@ -108,12 +108,14 @@ def main() -> None:
                 patches = agent.patches_sent
             finally:
                 agent.close()
-        api_cpu1 = api_proc.cpu_times()
-        api_used = (api_cpu1.user - api_cpu0.user) + (api_cpu1.system - api_cpu0.system)
+        api_cpu1 = [c.cpu_times() for c in servers]
+        api_used = sum(
+            (b.user - a.user) + (b.system - a.system)
+            for a, b in zip(api_cpu0, api_cpu1, strict=True)
+        )
         api_cpu = 100 * api_used / (time.monotonic() - api_t0)
     finally:
-        stand_in.terminate()
-        stand_in.wait(timeout=10)
+        cluster.close()
     mib = 1024 * 1024
     rows = [
         ["idle", f"{idle_cpu:.1f}", f"{idle_rss[0] / mib:.1f}", f"{idle_rss[-1] / mib:.1f}",
@@ -129,8 +131,8 @@ def main() -> None:
           f"per (GPU, code) exact: {got == expected}; node patches sent: {patches}")  # fmt: skip
     growth = (max(after_rss) - idle_rss[0]) / mib
     print(f"RSS growth idle -> after: {growth:+.1f} MiB")
-    print(f"stand-in API server (separate process, not counted above): {api_cpu:.1f} % of a core "
-          "averaged over the run")  # fmt: skip
+    print(f"kube-apiserver and etcd (separate processes, not counted above): {api_cpu:.1f} % of "
+          "a core averaged over the run")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from typing import Any
 from nodeagent import labels as lbl
 from nodeagent.runtime.backoff import Backoff
 from nodeagent_tiering.clock import Clock
-from nodeagent_tiering.kube import Kube, KubeError, NodeCache
+from nodeagent_tiering.informer import NodeCache
+from nodeagent_tiering.kube import Kube, KubeError, ObjectRef
 from nodeagent_tiering.leader import LeaderElector
 from nodeagent_tiering.metrics import TieringMetrics
 from nodeagent_tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
@@ -167,17 +168,19 @@ class Controller:
         if not self.may_act():
             return
         self.metrics.breaker_trips.inc()
-        if self.elector is not None:
-            self.elector.set_breaker(state)
-            self.elector.try_acquire_or_renew()  # persist now, so a failover keeps it open
-        self.kube.node_event(
-            "circuit-breaker",
+        if self.elector is None:
+            log.warning("circuit breaker kept in memory only: no lease without leader election")
+            return
+        self.elector.set_breaker(state)
+        self.elector.try_acquire_or_renew()  # persist now, so a failover keeps it open
+        # The breaker lives on the Lease, so the Event is about the Lease.
+        self.kube.record_event(
+            self.elector.lease_ref(),
             "CircuitBreakerOpen",
             f"all new drains stopped: {state.reason}; reset with `nodeagent tiering reset-breaker`",
             warning=True,
             now_s=now,
             component=COMPONENT,
-            kind="Lease",
         )
 
     # writes
@@ -204,9 +207,21 @@ class Controller:
     def _event(self, node: str, reason: str, message: str, now: float, warning: bool) -> None:
         if self.dry_run or not self.may_act():
             return
-        self.kube.node_event(node, reason, message, warning=warning, now_s=now, component=COMPONENT)
+        about = ObjectRef.node(self.cache.get(node), node)
+        self.kube.record_event(
+            about, reason, message, warning=warning, now_s=now, component=COMPONENT
+        )
+
+    def _latest(self, node: NodeView) -> NodeView:
+        """The node as last seen: a write earlier in this pass (a drain start, a release, a
+        step) may have changed it since the plan's view, and an unguarded write built on the
+        plan's view would undo that write or repeat it."""
+        obj = self.cache.get(node.name)
+        return node if obj is None else NodeView.from_object(obj)
 
     def _set_tier(self, node: NodeView, tier: str | None) -> None:
+        if self._latest(node).labels.get(lbl.TIER) == tier:
+            return  # a drain start or a release in this pass wrote it already
         self._write(
             node, {"metadata": {"labels": {lbl.TIER: tier}}}, f"set tier {tier}", guard=False
         )
@@ -256,7 +271,7 @@ class Controller:
         return phase not in ("Succeeded", "Failed")
 
     def _step_drain(self, node: NodeView, now: float) -> None:
-        record = node.drain
+        record = self._latest(node).drain  # with a recovery clock started in this pass
         if record is None or now < self._next_step.get(node.name, float("-inf")):
             return
         if self.dry_run or not self.may_act():
@@ -284,6 +299,10 @@ class Controller:
             if result.outcome in ("evicted", "gone"):
                 evicted += 1
                 self._backoff.pop(key, None)
+                if result.outcome == "evicted":
+                    # An evicted pod terminates for up to its grace period, and only its
+                    # kubelet ends that: the drain is done when the pod is gone, not now.
+                    remaining += 1
             elif result.outcome == "blocked":
                 blocked += 1
                 remaining += 1
@@ -344,9 +363,10 @@ class Controller:
             self._backoff.pop(key, None)
 
     def _mark_stable(self, node: NodeView, since: float | None, now: float) -> None:
-        if node.drain is None:
+        current = self._latest(node).drain
+        if current is None:
             return
-        record = node.drain.with_(stable_since_s=since, updated_s=now)
+        record = current.with_(stable_since_s=since, updated_s=now)
         patch = {"metadata": {"annotations": {DRAIN_ANNOTATION: record.to_json()}}}
         what = "start the recovery clock" if since is not None else "restart the recovery clock"
         self._write(node, patch, what, guard=False)

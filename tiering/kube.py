@@ -8,10 +8,9 @@ relist on ``410 Gone``), the way an informer does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +19,6 @@ from typing import Any
 
 from kubernetes import client, config
 
-from nodeagent.runtime.backoff import Backoff
 from nodeagent_tiering import kueue
 
 log = logging.getLogger(__name__)
@@ -30,11 +28,14 @@ WATCH_RETRY_INITIAL_S = 0.5
 WATCH_RETRY_MAX_S = 30.0
 
 JSON = dict[str, Any]
+# Events about cluster-scoped objects (nodes) live here; the API server refuses other namespaces.
+CLUSTER_EVENT_NAMESPACE = "default"
 MERGE_PATCH = "application/merge-patch+json"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"  # served since Kueue v0.15 and its storage version since v0.16
 APPLY_PATCH = "application/apply-patch+yaml"
 LIST_CHUNK = 500  # items per page of a chunked list (what kubectl asks for)
+_LEASES = "/apis/coordination.k8s.io/v1"
 
 
 class KubeError(Exception):
@@ -84,6 +85,23 @@ def parse_time(text: str | None) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an Event is about."""
+
+    kind: str
+    name: str
+    namespace: str = ""  # empty for cluster-scoped objects
+    uid: str = ""
+    api_version: str = "v1"
+
+    @classmethod
+    def node(cls, obj: JSON | None, name: str) -> ObjectRef:
+        """A Node, with its UID when ``obj`` (the node as read) is known."""
+        uid = str(((obj or {}).get("metadata") or {}).get("uid") or "")
+        return cls("Node", name, uid=uid)
+
+
+@dataclass(frozen=True, slots=True)
 class EvictResult:
     """The outcome of one eviction request."""
 
@@ -94,24 +112,18 @@ class EvictResult:
 class Kube:
     """Typed-enough wrappers over the calls the service makes."""
 
-    def __init__(self, api: client.ApiClient, *, event_namespace: str = "default") -> None:
+    def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.event_namespace = event_namespace
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            resp = fn(*args, _preload_content=False, **kwargs)
+            with _reaching():
+                resp = fn(*args, _preload_content=False, **kwargs)
         except client.ApiException as exc:
             raise KubeError(int(exc.status or 0), _message(exc)) from None
-        except OSError as exc:  # urllib3 wraps connection errors in OSError subclasses
-            raise KubeError(0, f"cannot reach the API server: {exc}") from None
-        except Exception as exc:
-            if exc.__class__.__module__.startswith("urllib3"):
-                raise KubeError(0, f"cannot reach the API server: {exc}") from None
-            raise
         data = resp.data
         return json.loads(data) if data else {}
 
@@ -123,27 +135,8 @@ class Kube:
         return result
 
     def watch_nodes(self, resource_version: str, timeout_s: int) -> Iterator[JSON]:
-        """Watch events after ``resource_version`` as raw dicts (``type``, ``object``)."""
-        try:
-            resp: Any = self.core.list_node(
-                watch=True,
-                resource_version=resource_version,
-                timeout_seconds=timeout_s,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-            )
-        except client.ApiException as exc:
-            raise KubeError(int(exc.status or 0), _message(exc)) from None
-        buffer = b""
-        try:
-            for chunk in resp.stream(amt=None, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
-        finally:
-            resp.release_conn()
+        """Watch node events after ``resource_version`` as raw dicts (``type``, ``object``)."""
+        return self.watch_objects(self.core.list_node, resource_version, timeout_s)
 
     def patch_node(self, name: str, patch: JSON) -> JSON:
         """JSON merge patch of a node (a ``metadata.resourceVersion`` in it is a precondition)."""
@@ -182,22 +175,33 @@ class Kube:
 
     # events
 
-    def node_event(
+    def record_event(
         self,
-        node: str,
+        about: ObjectRef,
         reason: str,
         message: str,
         *,
         warning: bool,
         now_s: float,
         component: str,
-        kind: str = "Node",
     ) -> None:
-        """Record a core/v1 Event about a node, or another object (failures only logged)."""
+        """Record a core/v1 Event about an object (failures only logged).
+
+        The API server keeps an Event in the namespace of the object it is about; for a
+        cluster-scoped object such as a Node it must be ``default`` (the kubelet's and the node
+        controllers' choice too), any other namespace is refused as invalid. ``kubectl describe``
+        finds the Events of an object by its UID, so the reference carries the real one.
+        """
         stamp = micro_time(now_s)
+        namespace = about.namespace or CLUSTER_EVENT_NAMESPACE
+        involved = {"apiVersion": about.api_version, "kind": about.kind, "name": about.name}
+        if about.namespace:
+            involved["namespace"] = about.namespace
+        if about.uid:
+            involved["uid"] = about.uid
         body = {
-            "metadata": {"generateName": f"{node}.", "namespace": self.event_namespace},
-            "involvedObject": {"kind": kind, "name": node, "uid": node},
+            "metadata": {"generateName": f"{about.name}.", "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
@@ -208,9 +212,9 @@ class Kube:
             "reportingComponent": component,
         }
         try:
-            self._call(self.core.create_namespaced_event, self.event_namespace, body)
+            self._call(self.core.create_namespaced_event, namespace, body)
         except KubeError as exc:
-            log.warning("cannot record event %s on node %s: %s", reason, node, exc)
+            log.warning("cannot record event %s on %s %s: %s", reason, about.kind, about.name, exc)
 
     def list_events(self, namespace: str | None = None) -> list[JSON]:
         """Events about nodes (for the report)."""
@@ -322,13 +326,31 @@ class Kube:
 
     def create_lease(self, namespace: str, body: JSON) -> JSON:
         """Create a Lease (409 when someone else created it first)."""
-        result: JSON = self._call(self.coordination.create_namespaced_lease, namespace, body)
-        return result
+        return self._send("POST", f"{_LEASES}/namespaces/{namespace}/leases", body)
 
     def replace_lease(self, namespace: str, name: str, body: JSON) -> JSON:
         """Replace a Lease; the body's resourceVersion makes it fail with 409 when stale."""
-        result: JSON = self._call(self.coordination.replace_namespaced_lease, name, namespace, body)
-        return result
+        return self._send("PUT", f"{_LEASES}/namespaces/{namespace}/leases/{name}", body)
+
+    def _send(self, method: str, path: str, body: JSON) -> JSON:
+        """Write a raw JSON body. The generated calls parse a body into the client's models
+        first, which turns a Lease's MicroTime into a ``datetime`` and back with ``isoformat``:
+        that drops a fraction of zero microseconds, and the API server refuses a MicroTime
+        without one (400, "cannot parse ... as .000000")."""
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        with _reaching():
+            resp = self.api.call_api(*request)
+            data = resp.read()  # type: ignore[no-untyped-call]
+        answer: JSON = json.loads(data) if data else {}
+        if not 200 <= resp.status <= 299:
+            raise KubeError(resp.status, str(answer.get("message") or resp.reason))
+        return answer
 
     # Kueue, and the cluster-wide reads of the quota check and the pool review
 
@@ -422,101 +444,21 @@ class Kube:
                 return items
 
 
+@contextlib.contextmanager
+def _reaching() -> Iterator[None]:
+    """Connection failures as ``KubeError`` with status 0 (the server was not reached)."""
+    try:
+        yield
+    except OSError as exc:  # urllib3 wraps connection errors in OSError subclasses
+        raise KubeError(0, f"cannot reach the API server: {exc}") from None
+    except Exception as exc:
+        if exc.__class__.__module__.startswith("urllib3"):
+            raise KubeError(0, f"cannot reach the API server: {exc}") from None
+        raise
+
+
 def _message(exc: client.ApiException) -> str:
     try:
         return str(json.loads(exc.body or "").get("message") or exc.reason)
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason)
-
-
-class NodeCache:
-    """An informer for nodes: a dict kept current by list + watch, with a change signal."""
-
-    def __init__(self, kube: Kube, *, watch_timeout_s: int = 300) -> None:
-        self._kube = kube
-        self._watch_timeout_s = watch_timeout_s
-        self._lock = threading.Lock()
-        self._nodes: dict[str, JSON] = {}
-        self._rv = ""
-        self.changed = threading.Event()  # set on every change; the controller clears it
-        self.synced = threading.Event()
-        self.last_change_s = 0.0
-
-    def snapshot(self) -> list[JSON]:
-        """The cached node objects."""
-        with self._lock:
-            return list(self._nodes.values())
-
-    def get(self, name: str) -> JSON | None:
-        """One cached node."""
-        with self._lock:
-            return self._nodes.get(name)
-
-    def update(self, obj: JSON) -> None:
-        """Adopt an object the service just wrote (the watch confirms it later)."""
-        with self._lock:
-            name = obj["metadata"]["name"]
-            old = self._nodes.get(name)
-            if old is None or _rv(obj) >= _rv(old):
-                self._nodes[name] = obj
-
-    def relist(self) -> None:
-        """Replace the cache with a fresh list."""
-        data = self._kube.list_nodes()
-        with self._lock:
-            self._nodes = {o["metadata"]["name"]: o for o in data.get("items") or []}
-            self._rv = str((data.get("metadata") or {}).get("resourceVersion", ""))
-        self.synced.set()
-        self._signal()
-
-    def _signal(self) -> None:
-        self.last_change_s = time.monotonic()
-        self.changed.set()
-
-    def run(self, stop: threading.Event) -> None:
-        """List, then watch until ``stop``; reconnect on errors, relist on ``410 Gone``."""
-        backoff = Backoff(WATCH_RETRY_INITIAL_S, WATCH_RETRY_MAX_S)
-        while not stop.is_set():
-            try:
-                if not self.synced.is_set():
-                    self.relist()
-                for event in self._kube.watch_nodes(self._rv, self._watch_timeout_s):
-                    if stop.is_set():
-                        return
-                    self._apply(event)
-                backoff.succeed()
-            except KubeError as exc:
-                delay = backoff.fail()
-                log.warning("node watch failed: %s; retrying in %.1fs", exc, delay)
-                stop.wait(delay)
-            except Exception as exc:  # noqa: BLE001 - a dropped stream must not end the informer
-                delay = backoff.fail()
-                log.warning("node watch interrupted: %s; retrying in %.1fs", exc, delay)
-                stop.wait(delay)
-
-    def _apply(self, event: JSON) -> None:
-        kind = event.get("type")
-        obj = event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                self.synced.clear()  # history compacted: relist on the next turn
-            raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
-        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        with self._lock:
-            if rv:
-                self._rv = rv
-            if kind == "BOOKMARK":
-                return
-            name = obj["metadata"]["name"]
-            if kind == "DELETED":
-                self._nodes.pop(name, None)
-            else:
-                self._nodes[name] = obj
-        self._signal()
-
-
-def _rv(obj: JSON) -> int:
-    try:
-        return int(obj["metadata"].get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0

@@ -19,7 +19,7 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.clock import Clock
-from nodeagent_tiering.kube import Kube, KubeError, micro_time
+from nodeagent_tiering.kube import Kube, KubeError, ObjectRef, micro_time
 from nodeagent_tiering.planner import BreakerState
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,13 @@ class LeaderElector:
         spec = (self._lease or {}).get("spec") or {}
         self._observed = (self.identity, str(spec.get("renewTime") or ""))
         self._observed_at = now
+
+    def lease_ref(self) -> ObjectRef:
+        """The Lease, for Events about it (the circuit breaker)."""
+        uid = str(((self._lease or {}).get("metadata") or {}).get("uid") or "")
+        return ObjectRef(
+            "Lease", self.name, self.namespace, uid, api_version="coordination.k8s.io/v1"
+        )
 
     def _lost(self) -> None:
         self._renewed_at = None

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from nodeagent_tiering.clock import Clock
 from nodeagent_tiering.history import History, HistoryStore
-from nodeagent_tiering.informer import Informer
-from nodeagent_tiering.kube import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError, NodeCache
+from nodeagent_tiering.informer import Informer, NodeCache
+from nodeagent_tiering.kube import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError
 from nodeagent_tiering.metrics import PendingMetrics
 from nodeagent_tiering.pending import (
     EVENT_REASONS,

@@ -15,7 +15,8 @@ from prometheus_client import start_http_server
 
 from nodeagent_tiering.clock import Clock, SystemClock
 from nodeagent_tiering.controller import Controller
-from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent_tiering.informer import NodeCache
+from nodeagent_tiering.kube import Kube
 from nodeagent_tiering.kueue_sync import KueueSync, service_flavors
 from nodeagent_tiering.leader import LeaderElector
 from nodeagent_tiering.pending import MigPlanner, settings_for
@@ -62,7 +63,7 @@ def build(
     when a quota policy is given.
     """
     clock = clock or SystemClock()
-    kube = Kube(api, event_namespace=namespace)
+    kube = Kube(api)
     cache = NodeCache(kube)
     elector = None
     if not dry_run:

@@ -55,7 +55,7 @@ ServerOption = Annotated[
     typer.Option(
         "--server",
         envvar="NODEAGENT_TIERING_SERVER",
-        help="API server URL (alone: no authentication, for local stand-ins and proxies).",
+        help="API server URL (alone: no authentication, for `kubectl proxy`).",
         show_default=False,
     ),
 ]
@@ -72,7 +72,7 @@ NamespaceOption = Annotated[
     typer.Option(
         "--namespace",
         envvar="NODEAGENT_TIERING_NAMESPACE",
-        help="Namespace of the Lease and of the Events the service records.",
+        help="Namespace of the Lease and of its Events (Events about nodes go to default).",
     ),
 ]
 LeaseOption = Annotated[

@@ -1,8 +1,11 @@
 """The Kubernetes manifests: schema validation, cross-references, and the agent config they carry.
 
 Core objects are validated with kubernetes-validate against the pinned Kubernetes version, in
-strict mode (unknown fields are errors). The Prometheus Operator's objects are not in those
-schemas; their structure is checked here against the fields the operator reads.
+strict mode (unknown fields are errors), then go to the real kube-apiserver: ``kubectl apply
+--dry-run=server`` (admission and validation), then applied for real, where the DaemonSet's pod
+must pass admission on a GPU node and the RBAC objects must bind. The Prometheus Operator's
+objects are not in those schemas and its CRDs are not on the test control plane; their
+structure is checked here against the fields the operator reads.
 """
 
 from __future__ import annotations
@@ -15,8 +18,20 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from nodeagent.config.schema import AgentConfig, load_agent_config
+from nodeagent.testing.kube import waiting
+from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError
+from nodeagent.testing.kube.deploy import (
+    Identities,
+    kubectl_apply,
+    kubectl_delete,
+    rbac_objects,
+    render,
+    wait_bound,
+)
+from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet
 from nodeagent_exporters import rules
 from tests.deploy.tools import (
     KUSTOMIZE_DIR,
@@ -182,8 +197,10 @@ def test_daemonset_wiring(objects: dict[Any, dict[str, Any]]) -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= c["resources"][kind].keys()
-    # The API server rejects allowPrivilegeEscalation: false next to CAP_SYS_ADMIN, which the
-    # schema cannot express.
+    # The API server refuses allowPrivilegeEscalation: false next to CAP_SYS_ADMIN, which the
+    # schema cannot express; it checks only that spelling of the capability (the short
+    # SYS_ADMIN passes, test_server_dry_run_refuses_what_only_the_api_server_checks), so keep
+    # the two apart whatever the spelling.
     security = c["securityContext"]
     if "SYS_ADMIN" in security["capabilities"].get("add", []):
         assert security.get("allowPrivilegeEscalation") is not False
@@ -384,3 +401,72 @@ def test_config_map_loads_as_an_agent_config(objects: dict[Any, dict[str, Any]])
     config = load_text(text, {})
     assert config.pool == config.pools[config.node.pool]
     assert len(config.pools) > 1, "the example shows more than one pool policy"
+
+
+# --- on the real API server ---------------------------------------------------------------------
+
+
+def core_objects(plane: ControlPlane, overlay_name: str) -> list[dict[str, Any]]:
+    """The overlay without the Prometheus Operator's kinds: the test control plane has no
+    Prometheus Operator, so its CRDs are not there (their structure is checked above)."""
+    return [o for o in render(plane, overlay_dir(overlay_name)) if o["kind"] not in CRD_KINDS]
+
+
+@pytest.mark.parametrize("overlay_name", OVERLAYS)
+def test_overlay_is_accepted_by_the_api_server_and_binds(
+    overlay_name: str,
+    control_plane: ControlPlane,
+    kube_identities: Identities,
+    kube_nodes: NodeSet,
+    kubelets: KubeletStandIn,
+) -> None:
+    objects = core_objects(control_plane, overlay_name)
+    # Admission and validation of every object, nothing stored.
+    answered = kubectl_apply(control_plane, objects, dry_run=True)
+    assert [object_key(o) for o in answered] == [object_key(o) for o in objects]
+    names = {o["metadata"]["name"] for o in answered if o["kind"] == "DaemonSet"}
+    assert (
+        not client.AppsV1Api(control_plane.api_client())
+        .list_namespaced_daemon_set("nodeagent", field_selector=f"metadata.name={names.pop()}")
+        .items
+    ), "a dry run stored the DaemonSet"
+    workloads = [o for o in objects if o["kind"] in ("DaemonSet", "ConfigMap", "Service")]
+    try:
+        kubectl_apply(control_plane, objects)
+        # A GPU node: the DaemonSet's pod for it passes admission (Pod Security "privileged"
+        # in the namespace, the pod's own validation) and is bound there.
+        gpu_node = kube_nodes.create("gpu", {"nvidia.com/gpu.present": "true"})
+
+        def daemon_pod(pods: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+            return next((p for p in pods.values() if p["spec"].get("nodeName") == gpu_node), None)
+
+        pod = waiting.pods(
+            control_plane.api_client(),
+            "nodeagent",
+            daemon_pod,
+            what=f"DaemonSet nodeagent ({overlay_name}): a pod on node {gpu_node}",
+        )
+        assert pod["spec"]["serviceAccountName"] == kube_identities.agent.name
+        # The RBAC objects bind: the authorizer grants the agent's account every rule.
+        wait_bound(control_plane, kube_identities.agent.user, rbac_objects(objects))
+    finally:
+        kubectl_delete(control_plane, workloads)
+
+
+def test_server_dry_run_refuses_what_only_the_api_server_checks(
+    control_plane: ControlPlane, kube_identities: Identities
+) -> None:
+    # The dry run above can fail: the API server refuses `allowPrivilegeEscalation: false`
+    # next to the capability CAP_SYS_ADMIN, a rule no schema carries. (It checks that spelling
+    # only; the manifests' short SYS_ADMIN passes, see test_daemonset_wiring.)
+    (daemonset,) = [
+        o for o in core_objects(control_plane, "plugin-exporter") if o["kind"] == "DaemonSet"
+    ]
+    (c,) = daemonset["spec"]["template"]["spec"]["containers"]
+    validate(daemonset)  # the schema has nothing against it
+    c["securityContext"]["capabilities"]["add"] = ["CAP_SYS_ADMIN"]
+    c["securityContext"]["allowPrivilegeEscalation"] = False
+    validate(daemonset)
+    with pytest.raises(ControlPlaneError) as refused:
+        kubectl_apply(control_plane, [daemonset], dry_run=True)
+    assert "cannot set `allowPrivilegeEscalation` to false" in str(refused.value)

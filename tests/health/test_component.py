@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from nodeagent.agent.sampler import Sampler
@@ -21,29 +20,20 @@ from nodeagent.health.model import HealthModel
 from nodeagent.runtime.health import HealthState, HealthTransition
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
-from tests.support.kubeapi import KubeAPIServer, make_node
+from nodeagent.testing.kube import waiting
+from nodeagent.testing.kube.controlplane import ControlPlane
+from nodeagent.testing.kube.deploy import Identities
+from nodeagent.testing.kube.nodes import NodeSet
 
 NODE = "gpu-node-1"
 
 
-@pytest.fixture
-def api_server() -> Iterator[KubeAPIServer]:
-    server = KubeAPIServer().start()
-    server.put("nodes", make_node(NODE, {"kubernetes.io/hostname": NODE}, gpu_healthy=None))
-    yield server
-    server.stop()
-
-
-def gpu_condition_status(server: KubeAPIServer) -> str | None:
-    """The node's ``GPUHealthy`` status ("True"/"False"), ``None`` before the agent set it."""
-    cond = server.node_condition(NODE, "GPUHealthy")
-    return None if cond is None else str(cond["status"])
-
-
-def _config(tmp_path: Path, api_url: str | None, **health: object) -> AgentConfig:
-    kube = KubernetesSection(enabled=api_url is not None, api_server=api_url)
+def _config(
+    tmp_path: Path, kubeconfig: Path | None, node: str = NODE, **health: object
+) -> AgentConfig:
+    kube = KubernetesSection(enabled=kubeconfig is not None, kubeconfig=kubeconfig)
     return AgentConfig(
-        node=NodeSection(name=NODE),
+        node=NodeSection(name=node),
         state_dir=tmp_path / "agent",
         health=HealthSection(**health),  # type: ignore[arg-type]
         kubernetes=kube,
@@ -57,11 +47,24 @@ def test_disabled_health_builds_nothing(make_node: Callable[..., GpuNode], tmp_p
 def test_agent_flags_an_injected_xid(
     make_node: Callable[..., GpuNode],
     sim_state_dir: Path,
-    api_server: KubeAPIServer,
+    control_plane: ControlPlane,
+    kube_nodes: NodeSet,
+    kube_identities: Identities,
     tmp_path: Path,
 ) -> None:
     node = make_node("dgx-h100")
-    cfg = _config(tmp_path, api_server.url)
+    name = kube_nodes.create("gpu-1")
+    mark = control_plane.audit_mark()
+    cfg = _config(tmp_path, kube_identities.agent.kubeconfig.path, name)
+    api = control_plane.api_client()
+
+    def gpu_healthy(status: str) -> Callable[[dict[str, object]], bool]:
+        def check(obj: dict[str, object]) -> bool:
+            cond = waiting.condition(obj, "GPUHealthy")
+            return cond is not None and cond["status"] == status
+
+        return check
+
     snapshots = SnapshotStore()
     model = health.build_model(cfg)
     assert isinstance(model, HealthModel)  # built on its own, before any component runs
@@ -78,18 +81,25 @@ def test_agent_flags_an_injected_xid(
     for t in threads:
         t.start()
     try:
-        assert api_server.wait_for(lambda s: gpu_condition_status(s) == "True")
+        waiting.node(api, name, gpu_healthy("True"), what=f"agent: node {name} GPUHealthy=True")
         assert component.ready
         SimControl(sim_state_dir).inject("xid", 6, code=62)
-        assert api_server.wait_for(lambda s: gpu_condition_status(s) == "False", timeout_s=5.0)
-        cond = api_server.node_condition(NODE, "GPUHealthy")
+        flagged = waiting.node(
+            api,
+            name,
+            gpu_healthy("False"),
+            what=f"agent: node {name} GPUHealthy=False",
+            timeout_s=5,
+        )
+        cond = waiting.condition(flagged, "GPUHealthy")
         assert cond is not None
         assert "gpu6" in cond["message"]
-        # Flagged through the status subresource, as a strategic merge patch.
-        assert api_server.requests_matching("PATCH", rf"^/api/v1/nodes/{NODE}/status$")
-        assert {r.content_type for r in api_server.requests_matching("PATCH", "")} == {
-            "application/strategic-merge-patch+json"
-        }
+        # Flagged through the status subresource, merged beside the kubelet's Ready condition.
+        assert waiting.condition(flagged, "Ready") is not None
+        sent = control_plane.audited(mark, user=kube_identities.agent.user)
+        assert ("patch", "nodes/status", name, 200) in [
+            (r.verb, r.resource, r.name, r.code) for r in sent
+        ]
         assert [t.current.gpu_index for t in seen] == [6]
         assert seen[0].current.state is HealthState.UNHEALTHY
         # `nodeagent health` reads what the running agent wrote.

@@ -1,15 +1,16 @@
-"""Node flagging against the loopback stand-in API server, through the real kubernetes client.
+"""Node flagging on the real kube-apiserver, under the agent's own ServiceAccount.
 
-The stand-in applies patches as the API server does (strategic merge of ``status.conditions`` by
-``type``, ``spec.taints`` replaced whole, ``/status`` writing only status), so these tests check
-what the node ends up carrying, not only what was sent.
+The reporter runs with a token of the deploy manifests' ``nodeagent`` ServiceAccount, so a verb
+missing from its ClusterRole fails here. What the node carries afterwards is what the API server
+made of the patches: the strategic merge of ``status.conditions`` by ``type`` (the kubelet's
+Ready condition stays), ``spec.taints`` replaced whole (others' taints must be sent back), the
+status subresource. Requests are counted in the API server's audit log.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,113 +20,111 @@ from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import read_status
 from nodeagent.kube.node import NodePatcher, make_api
+from nodeagent.testing.kube.controlplane import ControlPlane
+from nodeagent.testing.kube.deploy import Identities
+from nodeagent.testing.kube.nodes import NodeSet
+from nodeagent.testing.kube.waiting import condition
 from tests.health.conftest import MakeRig, Rig
-from tests.support.kubeapi import KubeAPIServer, make_node
 
-NODE = "gpu-node-1"
 OTHER_TAINT = {"key": "other.io/maintenance", "value": "x", "effect": "PreferNoSchedule"}
 
 
+class Flagged:
+    """The node under test, the agent's requests about it, and a reporter for it."""
+
+    def __init__(
+        self, plane: ControlPlane, nodes: NodeSet, identities: Identities, tmp_path: Path
+    ) -> None:
+        self.plane = plane
+        self.nodes = nodes
+        self.identities = identities
+        self.tmp_path = tmp_path
+        # The node as the kubelet and other controllers left it: Ready, a foreign taint.
+        self.name = nodes.create("gpu-1", gpus=8, taints=[OTHER_TAINT])
+        self.mark = plane.audit_mark()
+
+    def node(self) -> dict[str, Any]:
+        return self.nodes.get("gpu-1")
+
+    def condition(self) -> dict[str, Any] | None:
+        return condition(self.node(), "GPUHealthy")
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """(verb, resource, code) of the agent's requests about this node, in order."""
+        return [
+            (r.verb, r.resource, r.code)
+            for r in self.plane.audited(self.mark, user=self.identities.agent.user)
+            if r.name == self.name
+        ]
+
+    def reporter(self, rig: Rig) -> Reporter:
+        section = KubernetesSection(
+            enabled=True, kubeconfig=self.identities.agent.kubeconfig.path, request_timeout_s=2.0
+        )
+        patcher = NodePatcher(self.name, make_api(section), request_timeout_s=2.0)
+        # Tiny retry delays keep the outage test fast; the doubling is what is checked.
+        return Reporter(rig.model, self.tmp_path, self.name, patcher=patcher,
+                        retry_initial_s=0.01, retry_max_s=0.04)  # fmt: skip
+
+
 @pytest.fixture
-def api_server() -> Iterator[KubeAPIServer]:
-    server = KubeAPIServer().start()
-    # The node as the kubelet and other controllers left it: Ready, a label, a foreign taint.
-    node = make_node(NODE, {"kubernetes.io/hostname": NODE}, gpu_healthy=None)
-    node["spec"]["taints"] = [dict(OTHER_TAINT)]
-    server.put("nodes", node)
-    yield server
-    server.stop()
-
-
-def stored(server: KubeAPIServer) -> dict[str, Any]:
-    node = server.get("nodes", NODE)
-    assert node is not None
-    return node
-
-
-def condition(server: KubeAPIServer) -> dict[str, Any] | None:
-    return server.node_condition(NODE, "GPUHealthy")
-
-
-def node_patches(server: KubeAPIServer) -> list[Any]:
-    """PATCHes of the node and of its status, in order."""
-    return server.requests_matching("PATCH", rf"^/api/v1/nodes/{NODE}(/status)?$")
-
-
-def make_reporter(rig: Rig, server: KubeAPIServer, state_dir: Path) -> Reporter:
-    section = KubernetesSection(enabled=True, api_server=server.url, request_timeout_s=2.0)
-    patcher = NodePatcher(NODE, make_api(section), request_timeout_s=2.0)
-    # Tiny retry delays keep the outage test fast; the doubling is what is checked.
-    return Reporter(rig.model, state_dir, NODE, patcher=patcher, retry_initial_s=0.01,
-                    retry_max_s=0.04)  # fmt: skip
+def flagged(control_plane, kube_nodes, kube_identities, tmp_path) -> Flagged:
+    return Flagged(control_plane, kube_nodes, kube_identities, tmp_path)
 
 
 def test_healthy_node_gets_condition_labels_and_annotations(
-    make_rig: MakeRig, api_server: KubeAPIServer, tmp_path: Path
+    make_rig: MakeRig, flagged: Flagged
 ) -> None:
     rig = make_rig("dgx-h100")
-    make_reporter(rig, api_server, tmp_path).report_once()
-    cond = condition(api_server)
+    flagged.reporter(rig).report_once()
+    cond = flagged.condition()
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("True", "GPUsHealthy")
-    node = stored(api_server)
-    # A strategic merge by type: the kubelet's Ready condition is still there beside ours.
-    assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "GPUHealthy"]
+    node = flagged.node()
+    # A strategic merge by type: the kubelet's Ready condition is still there beside ours (the
+    # API server puts a new item first; order carries no meaning).
+    assert sorted(c["type"] for c in node["status"]["conditions"]) == ["GPUHealthy", "Ready"]
     labels = node["metadata"]["labels"]
     assert labels["nodeagent.io/gpu-health"] == "healthy"
     assert labels["nodeagent.io/stability"] == "stable"
     assert labels["nodeagent.io/driver-version"] == rig.node.driver_version()
-    assert labels["kubernetes.io/hostname"] == NODE  # others' labels untouched
+    assert labels["kubernetes.io/hostname"] == flagged.name  # others' labels untouched
     assert node["metadata"]["annotations"]["nodeagent.io/stability-score"] == "0.0"
     assert node["spec"]["taints"] == [OTHER_TAINT]  # stable: no taint of ours
-    paths = [(r.method, r.path) for r in api_server.requests]
-    assert paths == [
-        ("GET", f"/api/v1/nodes/{NODE}"),
-        ("PATCH", f"/api/v1/nodes/{NODE}/status"),
-        ("PATCH", f"/api/v1/nodes/{NODE}"),
+    # One read on first contact, then the condition through the status subresource and the
+    # labels through the node: all accepted under the agent's ClusterRole.
+    assert flagged.requests() == [
+        ("get", "nodes", 200),
+        ("patch", "nodes/status", 200),
+        ("patch", "nodes", 200),
     ]
-    assert all(r.status == 200 for r in api_server.requests)
-    assert {r.content_type for r in node_patches(api_server)} == {
-        "application/strategic-merge-patch+json"
-    }
-    status_body, node_body = (r.body for r in node_patches(api_server))
-    assert set(status_body) == {"status"}  # only the condition goes to /status
-    assert [c["type"] for c in status_body["status"]["conditions"]] == ["GPUHealthy"]
-    assert set(node_body) == {"metadata"}  # nothing to change in taints: spec not sent
 
 
 def test_fault_flips_condition_and_patches_only_on_change(
-    make_rig: MakeRig, api_server: KubeAPIServer, tmp_path: Path
+    make_rig: MakeRig, flagged: Flagged, tmp_path: Path
 ) -> None:
     rig = make_rig("dgx-h100")
-    reporter = make_reporter(rig, api_server, tmp_path)
+    reporter = flagged.reporter(rig)
     reporter.report_once()
-    before = len(api_server.requests)
+    before = len(flagged.requests())
     reporter.report_once()
-    assert len(api_server.requests) == before  # nothing changed, nothing sent
+    assert len(flagged.requests()) == before  # nothing changed, nothing sent
     rig.control.inject("xid", 3, code=79)
     rig.control.inject("lost", 3)
     rig.pump()
     reporter.report_once()
-    cond = condition(api_server)
+    cond = flagged.condition()
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "GPULost")
     assert "gpu3: GPU lost" in cond["message"]
     assert "reboot the node" in cond["message"]
     # A change is two patches (status, then node) and no re-read of the node.
-    sent = api_server.requests[before:]
-    assert [(r.method, r.path) for r in sent] == [
-        ("PATCH", f"/api/v1/nodes/{NODE}/status"),
-        ("PATCH", f"/api/v1/nodes/{NODE}"),
-    ]
-    status_patch, node_patch = (r.body for r in sent)
-    assert [c["type"] for c in status_patch["status"]["conditions"]] == ["GPUHealthy"]
-    assert node_patch["metadata"]["labels"] == {
-        "nodeagent.io/gpu-health": "lost",
-        "nodeagent.io/stability": "degraded",  # one lost GPU: score 10
-    }
-    node = stored(api_server)
-    assert node["metadata"]["labels"]["nodeagent.io/gpu-health"] == "lost"
+    assert flagged.requests()[before:] == [("patch", "nodes/status", 200), ("patch", "nodes", 200)]
+    node = flagged.node()
+    assert sorted(c["type"] for c in node["status"]["conditions"]) == ["GPUHealthy", "Ready"]
+    labels = node["metadata"]["labels"]
+    assert labels["nodeagent.io/gpu-health"] == "lost"
+    assert labels["nodeagent.io/stability"] == "degraded"  # one lost GPU: score 10
     reasons = json.loads(node["metadata"]["annotations"]["nodeagent.io/health-reasons"])
     assert any("GPU lost" in r for r in reasons)
     # The state file says the same.
@@ -134,63 +133,72 @@ def test_fault_flips_condition_and_patches_only_on_change(
     assert status["health"] == "lost"
 
 
-def test_taint_when_unstable_keeps_other_taints(
-    make_rig: MakeRig, api_server: KubeAPIServer, tmp_path: Path
+def test_unchanged_condition_keeps_its_transition_time_across_a_restart(
+    make_rig: MakeRig, flagged: Flagged
 ) -> None:
+    rig = make_rig("dgx-h100")
+    flagged.reporter(rig).report_once()
+    first = flagged.condition()
+    assert first is not None
+    time.sleep(1.1)  # Kubernetes times have one-second resolution
+    flagged.reporter(rig).report_once()  # a new agent process: it reads the node first
+    again = flagged.condition()
+    assert again is not None
+    assert again["lastTransitionTime"] == first["lastTransitionTime"]
+
+
+def test_taint_when_unstable_keeps_other_taints(make_rig: MakeRig, flagged: Flagged) -> None:
     rig = make_rig("dgx-h100", taint_unstable=True)
-    reporter = make_reporter(rig, api_server, tmp_path)
+    reporter = flagged.reporter(rig)
     reporter.report_once()
-    assert stored(api_server)["spec"]["taints"] == [OTHER_TAINT]
+    assert flagged.node()["spec"]["taints"] == [OTHER_TAINT]
     for gpu in (0, 1):
         rig.control.inject("lost", gpu)
     rig.pump()
     reporter.report_once()
     # Taints are replaced whole by the API server, so the patch must carry the foreign one too.
-    taints = {t["key"]: t for t in stored(api_server)["spec"]["taints"]}
+    taints = {t["key"]: t for t in flagged.node()["spec"]["taints"]}
     assert set(taints) == {"other.io/maintenance", "nodeagent.io/unstable"}
     assert taints["other.io/maintenance"] == OTHER_TAINT
     assert taints["nodeagent.io/unstable"]["effect"] == "NoSchedule"
-    assert stored(api_server)["metadata"]["labels"]["nodeagent.io/stability"] == "unstable"
+    assert flagged.node()["metadata"]["labels"]["nodeagent.io/stability"] == "unstable"
 
 
 def test_retries_while_api_server_is_down_and_catches_up(
-    make_rig: MakeRig, api_server: KubeAPIServer, tmp_path: Path
+    make_rig: MakeRig, flagged: Flagged, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     rig = make_rig("dgx-h100")
-    reporter = make_reporter(rig, api_server, tmp_path)
+    reporter = flagged.reporter(rig)
     reporter.report_once()
-    url = api_server.url
-    api_server.stop()  # also cuts the client's pooled keep-alive connection
-    rig.control.inject("remap-pending", 2)
-    rig.pump()
-    delays = [reporter.report_once()]
-    time.sleep(delays[0])
-    delays.append(reporter.report_once())
-    time.sleep(delays[1])
-    delays.append(reporter.report_once())
-    assert reporter.failures == 3
-    assert delays == pytest.approx([0.01, 0.02, 0.04])  # doubling
-    assert read_status(tmp_path) is not None  # the state file is written regardless
-    # Meanwhile a second fault appears: the latest flags win when the server is back.
-    rig.control.inject("thermal", 4)
-    rig.pump()
-    served = len(api_server.requests)
-    api_server.start()
-    assert api_server.url == url  # same port: the reporter's configured URL works again
+    control_plane.stop_apiserver()  # connections drop, nothing answers on the port
+    try:
+        rig.control.inject("remap-pending", 2)
+        rig.pump()
+        delays = [reporter.report_once()]
+        time.sleep(delays[0])
+        delays.append(reporter.report_once())
+        time.sleep(delays[1])
+        delays.append(reporter.report_once())
+        assert reporter.failures == 3
+        assert delays == pytest.approx([0.01, 0.02, 0.04])  # doubling
+        assert read_status(tmp_path) is not None  # the state file is written regardless
+        # Meanwhile a second fault appears: the latest flags win when the server is back.
+        rig.control.inject("thermal", 4)
+        rig.pump()
+    finally:
+        control_plane.start_apiserver()  # same port: the reporter's kubeconfig works again
+    served = len(flagged.requests())
     time.sleep(delays[2])  # the reporter holds off until its backoff has passed
     reporter.report_once()
     assert reporter.failures == 0
-    cond = condition(api_server)
+    cond = flagged.condition()
     assert cond is not None
     assert cond["status"] == "False"
     assert "gpu2: row remap pending" in cond["message"]
     assert "gpu4:" in cond["message"]
     # Caught up in one round: one status patch and one node patch, nothing re-sent twice.
-    assert [(r.method, r.path) for r in api_server.requests[served:]] == [
-        ("PATCH", f"/api/v1/nodes/{NODE}/status"),
-        ("PATCH", f"/api/v1/nodes/{NODE}"),
-    ]
-    assert stored(api_server)["metadata"]["labels"]["nodeagent.io/gpu-health"] != "healthy"
+    assert flagged.requests()[served:] == [("patch", "nodes/status", 200), ("patch", "nodes", 200)]
+    assert flagged.node()["metadata"]["labels"]["nodeagent.io/gpu-health"] != "healthy"
 
 
 @pytest.mark.parametrize(
@@ -221,8 +229,7 @@ def test_retries_while_api_server_is_down_and_catches_up(
 )  # fmt: skip
 def test_node_condition_per_fault_kind(
     make_rig: MakeRig,
-    api_server: KubeAPIServer,
-    tmp_path: Path,
+    flagged: Flagged,
     kind: str,
     kwargs: dict[str, Any],
     status: str,
@@ -230,12 +237,12 @@ def test_node_condition_per_fault_kind(
     message: str,
 ) -> None:
     rig = make_rig("dgx-h100")
-    reporter = make_reporter(rig, api_server, tmp_path)
+    reporter = flagged.reporter(rig)
     reporter.report_once()
     rig.control.inject(kind, 5, **kwargs)
     rig.pump()
     reporter.report_once()
-    cond = condition(api_server)
+    cond = flagged.condition()
     assert cond is not None
     assert (cond["status"], cond["reason"]) == (status, reason)
     assert message in cond["message"]
@@ -245,5 +252,5 @@ def test_node_condition_per_fault_kind(
     assert "stability" in cond["message"]
     assert "gpu4" not in cond["message"]  # only the faulty GPU is named
     # The label carries the worst device state, the same fact as the condition.
-    labels = stored(api_server)["metadata"]["labels"]
+    labels = flagged.node()["metadata"]["labels"]
     assert labels["nodeagent.io/gpu-health"] == rig.gpu(5).state.value

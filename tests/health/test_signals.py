@@ -3,7 +3,7 @@
 Each row injects faults into GPU 0 of a simulated node the way an operator would (``SimControl``,
 what ``nodeagent sim inject`` calls), feeds the queued events and one snapshot to the health
 model, and checks what the model says about GPU 0 and that GPU 1 is untouched. The same rows
-(a subset) are checked again in the node condition on the stand-in API server in test_kube.py.
+(a subset) are checked again in the node condition on a real kube-apiserver in test_kube.py.
 """
 
 from __future__ import annotations

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import time
 
 import pytest
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.controlplane import ControlPlane, bins_dir
-from nodeagent.testing.kube.nodes import create_node, pod_manifest
+from nodeagent.testing.kube.nodes import NodeSet, create_node, pod_manifest
 
 
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+def phase(name: str, value: str):
+    """A pods predicate: pod ``name`` in phase ``value`` (returns the pod)."""
+    return lambda pods: (
+        pods.get(name) if (pods.get(name) or {}).get("status", {}).get("phase") == value else None
+    )
 
 
 def test_starts_without_kueue_in_under_15_s():
@@ -48,27 +46,25 @@ def test_scheduler_binds_gpu_pods_to_kubeletless_nodes_and_they_run(
         core.create_namespaced_pod(
             kube_ns, pod_manifest("too-big", gpus=9, node_selector={"pool": kube_ns})
         )
-        fits = wait_for(
-            lambda: (
-                (p := core.read_namespaced_pod("fits", kube_ns)).status.phase == "Running" and p
-            ),
-            what="pod fits Running",
+        api = control_plane.api_client()
+        fits = waiting.pods(
+            api,
+            kube_ns,
+            phase("fits", "Running"),
+            what="scheduler and kubelet stand-in: fits Running",
         )
-        assert fits.spec.node_name == node
+        assert fits["spec"]["nodeName"] == node
 
-        def unschedulable():
-            pod = core.read_namespaced_pod("too-big", kube_ns)
+        def unschedulable(pods):
+            cond = waiting.condition(pods.get("too-big") or {}, "PodScheduled") or {}
             return (
-                any(
-                    c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-                    for c in pod.status.conditions or []
-                )
-                and pod
+                cond
+                if (cond.get("status"), cond.get("reason")) == ("False", "Unschedulable")
+                else None
             )
 
-        pod = wait_for(unschedulable, what="too-big Unschedulable")
-        message = next(c.message for c in pod.status.conditions if c.type == "PodScheduled")
-        assert "Insufficient nvidia.com/gpu" in message
+        cond = waiting.pods(api, kube_ns, unschedulable, what="scheduler: too-big Unschedulable")
+        assert "Insufficient nvidia.com/gpu" in cond["message"]
     finally:
         core.delete_node(node)
 
@@ -89,20 +85,21 @@ def test_eviction_honours_a_real_pdb_and_deletion_completes(control_plane, kube_
             },
         )
         policy = client.PolicyV1Api(control_plane.api_client())
-        wait_for(
-            lambda: (
-                policy.read_namespaced_pod_disruption_budget(
-                    "w", kube_ns
-                ).status.disruptions_allowed
-                == 1
+        waiting.until(
+            policy.list_namespaced_pod_disruption_budget,
+            lambda pdbs: (
+                (pdbs.get(f"{kube_ns}/w") or {}).get("status", {}).get("disruptionsAllowed") == 1
             ),
-            what="the disruption controller to allow one disruption",
+            what="disruption controller: PodDisruptionBudget w allowing one disruption",
+            namespace=kube_ns,
         )
         eviction = {"metadata": {"name": "a", "namespace": kube_ns}}
         core.create_namespaced_pod_eviction("a", kube_ns, eviction)
-        wait_for(
-            lambda: "a" not in {p.metadata.name for p in core.list_namespaced_pod(kube_ns).items},
-            what="evicted pod a to be deleted by the kubelet stand-in",
+        waiting.pods(
+            control_plane.api_client(),
+            kube_ns,
+            lambda pods: "a" not in pods,
+            what="kubelet stand-in: evicted pod a deleted",
         )
         with pytest.raises(ApiException) as blocked:
             core.create_namespaced_pod_eviction(
@@ -113,15 +110,18 @@ def test_eviction_honours_a_real_pdb_and_deletion_completes(control_plane, kube_
         core.delete_node(node)
 
 
-def test_node_watch_from_before_a_compaction_ends_with_410():
+def test_node_watch_from_before_a_compaction_ends_with_410(private_control_plane):
     """With the API server's watch cache on, a client gets 410 once its version leaves the
-    cache's window; with it off for nodes, the compaction alone does it (what etcd says)."""
-    with ControlPlane(bins=bins_dir(), apiserver_args=["--watch-cache-sizes=nodes#0"]) as plane:
-        api = plane.api_client()
-        core = client.CoreV1Api(api)
+    cache's window; with it off for nodes (the private control plane), the compaction alone
+    does it (what etcd says)."""
+    plane = private_control_plane
+    api = plane.api_client()
+    core = client.CoreV1Api(api)
+    nodes = NodeSet(api, "compaction")
+    try:
         old = core.list_node().metadata.resource_version
         for i in range(3):
-            create_node(api, f"n{i}")
+            nodes.create(f"n{i}")
         plane.compact_etcd()
         with pytest.raises(ApiException) as gone:
             for _event in watch.Watch().stream(
@@ -129,6 +129,8 @@ def test_node_watch_from_before_a_compaction_ends_with_410():
             ):
                 pass
         assert gone.value.status == 410
+    finally:
+        nodes.delete_all()
 
 
 def test_a_service_account_without_a_role_is_forbidden(control_plane, kube_ns):
@@ -208,22 +210,31 @@ def test_kueue_admits_a_workload_within_quota(control_plane, kube_ns, kubelets, 
             )
         custom = client.CustomObjectsApi(control_plane.api_client())
 
-        def workloads():
-            items = custom.list_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", kube_ns, "workloads"
-            )["items"]
+        def workloads(objects):
             out = {}
-            for wl in items:
+            for wl in objects.values():
                 owner = wl["metadata"]["ownerReferences"][0]["name"]
                 conds = {c["type"]: c["status"] for c in wl.get("status", {}).get("conditions", [])}
                 out[owner] = conds.get("QuotaReserved")
             return out if out.get("small") == "True" and out.get("large") else None
 
-        states = wait_for(workloads, what="Kueue to admit the small workload")
+        states = waiting.until(
+            functools.partial(
+                custom.list_namespaced_custom_object,
+                "kueue.x-k8s.io",
+                "v1beta2",
+                kube_ns,
+                "workloads",
+            ),
+            workloads,
+            what="Kueue: the small workload admitted",
+        )
         assert states == {"small": "True", "large": "False"}
-        wait_for(
-            lambda: core.read_namespaced_pod("small", kube_ns).status.phase == "Running",
-            what="the admitted pod to run",
+        waiting.pods(
+            control_plane.api_client(),
+            kube_ns,
+            phase("small", "Running"),
+            what="kubelet stand-in: the admitted pod small Running",
         )
     finally:
         core.delete_node(node)

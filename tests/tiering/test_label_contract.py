@@ -1,8 +1,10 @@
 """The label contract end to end: what the agent writes on a node is what tiering reads.
 
-The agent side is the real code (capability labels, the health reporter's flags); the node object
-is what the API server returns after the agent's patches; the tiering side is its NodeView and
-selectors. Every label the agent owns goes through, with values that need the sanitiser.
+The agent side is the real code (capability labels, the health reporter's flags, its node
+patcher under the agent's ServiceAccount); the node object is what the real API server returns
+after the agent's patches (it refuses a label value Kubernetes does not allow); the tiering side
+is its NodeView and selectors. Every label the agent owns goes through, with values that need
+the sanitiser.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import pytest
 
 from nodeagent import labels as lbl
 from nodeagent.config.health import HealthSection
+from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import desired_flags
-from nodeagent.kube.node import NodeFlags
+from nodeagent.kube.node import NodeFlags, NodePatcher, make_api
 from nodeagent.sim.control import SimControl
 from nodeagent_tiering.nodes import NodeView
 from nodeagent_tiering.policy import Operator, Requirement, Selector, Stability
@@ -25,31 +28,12 @@ from nodeagent_tiering.policy import Operator, Requirement, Selector, Stability
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def node_object(flags: NodeFlags) -> dict[str, Any]:
-    """The Node as the API server returns it once the agent's patches are applied."""
-    return {
-        "metadata": {
-            "name": "gpu-1",
-            "labels": dict(flags.labels),
-            "annotations": dict(flags.annotations),
-            "resourceVersion": "7",
-        },
-        "spec": {
-            "taints": [{"key": lbl.UNSTABLE_TAINT, "value": "true", "effect": "NoSchedule"}]
-            if flags.taint
-            else []
-        },
-        "status": {
-            "conditions": [
-                {
-                    "type": lbl.GPU_HEALTHY_CONDITION,
-                    "status": "True" if flags.healthy else "False",
-                    "reason": flags.reason,
-                    "message": flags.message,
-                }
-            ]
-        },
-    }
+def published(control_plane, kube_nodes, kube_identities, flags: NodeFlags) -> dict[str, Any]:
+    """The node as the API server returns it once the agent's patcher has applied ``flags``."""
+    name = kube_nodes.create("gpu-1")
+    section = KubernetesSection(enabled=True, kubeconfig=kube_identities.agent.kubeconfig.path)
+    assert NodePatcher(name, make_api(section)).apply(flags)
+    return kube_nodes.get("gpu-1")
 
 
 def agent_flags(make_node, sim_state_dir, fault: str | None) -> tuple[NodeFlags, Any]:
@@ -74,13 +58,18 @@ def agent_flags(make_node, sim_state_dir, fault: str | None) -> tuple[NodeFlags,
     ],
 )
 def test_every_agent_label_reads_back_in_tiering(
-    make_node, sim_state_dir, fault, stability, schedulable
-) -> None:
+    make_node, sim_state_dir, fault, stability, schedulable, control_plane, kube_nodes,
+    kube_identities,
+) -> None:  # fmt: skip
     flags, snapshot = agent_flags(make_node, sim_state_dir, fault)
     written = dict(flags.labels)
     assert set(lbl.AGENT_LABELS) <= set(written), "an agent label is never written"
-    view = NodeView.from_object(node_object(flags))
-    assert view.labels == written
+    node = published(control_plane, kube_nodes, kube_identities, flags)
+    view = NodeView.from_object(node)
+    assert written.items() <= view.labels.items()
+    assert set(view.labels) - set(written) == {"kubernetes.io/hostname", "kubernetes.io/os",
+                                               "test.nodeagent.io/owner"}  # fmt: skip
+    assert bool([t for t in view.taints if t["key"] == lbl.UNSTABLE_TAINT]) is flags.taint
     for key in lbl.AGENT_LABELS:
         value = written[key]
         assert len(value) <= 63, f"{key}={value!r}"

@@ -2,22 +2,24 @@
 
 The planner is pure, so most storms run against an in-memory cluster that applies the plan's
 actions the way the controller does (drains finish after a random number of steps). One storm
-property runs end to end through the controller and the API stand-in.
+property runs end to end through the controller and the real API server.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
+from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import labels as lbl
 from nodeagent.testing.clock import FakeClock
+from nodeagent.testing.kube.nodes import OWNER_LABEL, NodeSet
 from nodeagent_tiering.controller import Controller
-from nodeagent_tiering.kube import Kube, NodeCache, api_client
+from nodeagent_tiering.informer import NodeCache
 from nodeagent_tiering.nodes import DrainRecord, NodeView, Phase
 from nodeagent_tiering.planner import (
     BreakerState,
@@ -30,7 +32,6 @@ from nodeagent_tiering.planner import (
     plan,
 )
 from nodeagent_tiering.policy import TierPolicy, parse_policy
-from tests.support.kubeapi import KubeAPIServer, make_node, make_pod
 from tests.tiering.conftest import POLICY, gpu_labels
 
 KINDS = {
@@ -41,7 +42,12 @@ KINDS = {
 
 
 def make_policy(
-    cluster_max: int, tier_max: int, min_healthy: int, cooldown: float, pct: float
+    cluster_max: int,
+    tier_max: int,
+    min_healthy: int,
+    cooldown: float,
+    pct: float,
+    nodes: dict[str, Any] | None = None,
 ) -> TierPolicy:
     data = {
         **POLICY,
@@ -51,6 +57,8 @@ def make_policy(
         "budget": {"max_draining": cluster_max, "cooldown_s": cooldown},
         "breaker": {"percentage": pct, "window_s": 300, "min_unstable": 2},
     }
+    if nodes is not None:
+        data["nodes"] = nodes
     return parse_policy(data)
 
 
@@ -209,10 +217,7 @@ def test_breaker_trips_on_a_storm_and_holds_until_reset(size, pct, extra, later)
     assert result.of(StartDrain), "drains resume after the reset"
 
 
-@pytest.fixture(scope="module")
-def shared_api():
-    with KubeAPIServer() as server:
-        yield server
+EXAMPLES = itertools.count()
 
 
 @settings(
@@ -225,38 +230,42 @@ def shared_api():
         st.tuples(st.integers(0, 7), st.booleans(), st.floats(0, 120)), min_size=4, max_size=10
     ),
 )
-def test_storm_through_the_api_stays_within_budget(shared_api, storm):
-    policy = make_policy(cluster_max=2, tier_max=1, min_healthy=1, cooldown=30, pct=100)
+def test_storm_through_the_api_stays_within_budget(cluster, storm):
+    examples = next(EXAMPLES)
+    # Each example gets nodes of its own, so nothing of the previous one is in the way.
+    nodes = NodeSet(cluster.api, f"{cluster.namespace}-e{examples}")
     clock = FakeClock()
-    api = shared_api
-    api.reset()
     kinds = ["h100", "h100", "h100", "l40s", "l40s", "t4", "t4", "t4"]
-    for i, kind in enumerate(kinds):
-        api.put("nodes", make_node(f"n{i}", KINDS[kind]))
-        api.put("pods", make_pod(f"job-{i}", f"n{i}"))
-    kube = Kube(api_client(server=api.url))
-    cache = NodeCache(kube)
-    ctl = Controller(kube, cache, policy, clock=clock)
-    starts: list[float] = []
-    for index, bad, advance in storm:
-        api.patch_direct(
-            "nodes",
-            f"n{index}",
-            {"metadata": {"labels": {lbl.STABILITY: "unstable" if bad else "stable"}}},
-        )
-        cache.relist()
-        result = ctl.reconcile_once()
-        starts += [clock()] * len(result.of(StartDrain))
-        views = [NodeView.from_object(n) for n in api.list("nodes")]
-        draining = [v for v in views if v.drain and v.drain.phase is Phase.DRAINING]
-        assert len(draining) <= 2, "cluster budget exceeded"
-        assert len({v.drain.tier for v in draining if v.drain}) == len(draining), (
-            "more than one drain in a tier"
-        )
-        for kind in ("NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "Tesla-T4"):
-            serving = [
-                v for v in views if v.labels[lbl.GPU_PRODUCT] == kind and not v.unschedulable
-            ]
-            assert serving, f"every {kind} node taken out: tier below its minimum"
-        clock.advance(advance)
-    assert all(b - a >= 30 for a, b in itertools.pairwise(starts))
+    try:
+        for i, kind in enumerate(kinds):
+            nodes.create(f"n{i}", KINDS[kind], gpus=int(KINDS[kind][lbl.GPU_COUNT]))
+            cluster.add_pod(f"job-e{examples}-{i}", f"e{examples}-n{i}")
+        policy = make_policy(2, 1, min_healthy=1, cooldown=30, pct=100, nodes=nodes.selector())
+        kube = cluster.kube()
+        cache = NodeCache(kube)
+        ctl = Controller(kube, cache, policy, clock=clock)
+        starts: list[float] = []
+        for index, bad, advance in storm:
+            stability = "unstable" if bad else "stable"
+            nodes.patch(f"n{index}", {"metadata": {"labels": {lbl.STABILITY: stability}}})
+            cache.relist()
+            result = ctl.reconcile_once()
+            starts += [clock()] * len(result.of(StartDrain))
+            listed = cluster.core.list_node(
+                label_selector=f"{OWNER_LABEL}={nodes.prefix}", _preload_content=False
+            )
+            views = [NodeView.from_object(n) for n in json.loads(listed.data)["items"]]
+            draining = [v for v in views if v.drain and v.drain.phase is Phase.DRAINING]
+            assert len(draining) <= 2, "cluster budget exceeded"
+            assert len({v.drain.tier for v in draining if v.drain}) == len(draining), (
+                "more than one drain in a tier"
+            )
+            for kind in ("NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S", "Tesla-T4"):
+                serving = [
+                    v for v in views if v.labels[lbl.GPU_PRODUCT] == kind and not v.unschedulable
+                ]
+                assert serving, f"every {kind} node taken out: tier below its minimum"
+            clock.advance(advance)
+        assert all(b - a >= 30 for a, b in itertools.pairwise(starts))
+    finally:
+        nodes.delete_all()

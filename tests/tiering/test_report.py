@@ -1,86 +1,119 @@
-"""The pool review on a mixed simulated cluster, in all three formats, through the CLI."""
+"""The pool review on a mixed cluster, in all three formats, through the CLI.
+
+It reads every node and every node Event of the cluster, so it runs on the session's second,
+private control plane, where no other test leaves drains behind. The tiering controller under
+its ServiceAccount labels and drains the nodes first; the review runs as the operator (admin).
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Iterator
 from xml.etree import ElementTree
 
 import pytest
 import yaml
+from kubernetes import client
 from typer.testing import CliRunner
 
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
 from nodeagent.labels import FRAGMENTATION_ANNOTATION, STRANDED_GPUS_ANNOTATION
+from nodeagent.testing.clock import FakeClock
+from nodeagent.testing.kube import waiting
+from nodeagent.testing.kube.controlplane import ControlPlane
+from nodeagent.testing.kube.deploy import Identities, install_identities
+from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet, pod_manifest
+from nodeagent_tiering.controller import Controller
+from nodeagent_tiering.informer import NodeCache
+from nodeagent_tiering.kube import Kube, api_client
+from nodeagent_tiering.policy import parse_policy
 from nodeagent_tiering.report import MIG_CONFIG_LABEL
-from tests.support.kubeapi import make_pod
-from tests.tiering.conftest import POLICY, add_nodes, gpu_labels
+from tests.tiering.conftest import POLICY, gpu_labels
+
+NAMESPACE = "review"
 
 
-@pytest.fixture
-def mixed_cluster(api, make_controller, tmp_path):
+@pytest.fixture(scope="module")
+def review_plane(private_control_plane: ControlPlane) -> Iterator[tuple[ControlPlane, Identities]]:
+    plane = private_control_plane
+    identities = install_identities(plane)
+    plane.create_namespace(NAMESPACE)
+    with KubeletStandIn(plane.api_client()) as kubelets:  # finishes the drain's eviction
+        kubelets.synced.wait(30)
+        yield plane, identities
+    plane.delete_namespace(NAMESPACE)
+
+
+def controller(plane: ControlPlane, identities: Identities, nodes: NodeSet) -> Controller:
+    kube = Kube(api_client(kubeconfig=identities.tiering.kubeconfig.path))
+    cache = NodeCache(kube)
+    cache.relist()
+    policy = parse_policy({**POLICY, "nodes": nodes.selector()})
+    # The review counts drains of the last --period-days by their Events' time: the wall clock.
+    return Controller(kube, cache, policy, clock=FakeClock(time.time()))
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster(review_plane, tmp_path_factory) -> Iterator[list[str]]:
     """H100 training nodes (one on an old driver, one failing), A100 MIG nodes, L40S, T4."""
-    add_nodes(
-        api,
-        {
-            "h100-a": gpu_labels(),
-            "h100-b": gpu_labels(),
-            "h100-c": {**gpu_labels(), lbl.DRIVER_VERSION: "535.104.05"},
-            "h100-d": gpu_labels(),
-            "a100-a": {**gpu_labels("NVIDIA-A100-SXM4-80GB"), MIG_CONFIG_LABEL: "all-1g.10gb"},
-            "a100-b": {**gpu_labels("NVIDIA-A100-SXM4-80GB"), MIG_CONFIG_LABEL: "all-3g.40gb"},
-            "l40s-a": gpu_labels("NVIDIA-L40S", nvlink=1),
-            "t4-a": gpu_labels("Tesla-T4", count=1, nvlink=1),
-            "t4-b": {**gpu_labels("Tesla-T4", count=1, nvlink=1), lbl.STABILITY: "degraded"},
-        },
-    )
-    api.patch_direct(
-        "nodes",
-        "a100-a",
-        {
-            "metadata": {
-                "annotations": {FRAGMENTATION_ANNOTATION: "0.5", STRANDED_GPUS_ANNOTATION: "1"}
+    plane, identities = review_plane
+    nodes = NodeSet(plane.api_client(), "review")
+    spec = {
+        "h100-a": gpu_labels(),
+        "h100-b": gpu_labels(),
+        "h100-c": {**gpu_labels(), lbl.DRIVER_VERSION: "535.104.05"},
+        "h100-d": gpu_labels(),
+        "a100-a": {**gpu_labels("NVIDIA-A100-SXM4-80GB"), MIG_CONFIG_LABEL: "all-1g.10gb"},
+        "a100-b": {**gpu_labels("NVIDIA-A100-SXM4-80GB"), MIG_CONFIG_LABEL: "all-3g.40gb"},
+        "l40s-a": gpu_labels("NVIDIA-L40S", nvlink=1),
+        "t4-a": gpu_labels("Tesla-T4", count=1, nvlink=1),
+        "t4-b": {**gpu_labels("Tesla-T4", count=1, nvlink=1), lbl.STABILITY: "degraded"},
+    }
+    for suffix, labels in spec.items():
+        nodes.create(suffix, labels)
+    try:
+        for suffix, fragmentation, stranded in (("a100-a", "0.5", "1"), ("a100-b", "0.25", "0")):
+            annotations = {
+                FRAGMENTATION_ANNOTATION: fragmentation,
+                STRANDED_GPUS_ANNOTATION: stranded,
             }
-        },
-    )
-    api.patch_direct(
-        "nodes",
-        "a100-b",
-        {
-            "metadata": {
-                "annotations": {FRAGMENTATION_ANNOTATION: "0.25", STRANDED_GPUS_ANNOTATION: "0"}
-            }
-        },
-    )
-    api.put("pods", make_pod("train", "h100-d"))
-    ctl = make_controller()
-    ctl.cache.relist()
-    ctl.reconcile_once()
-    api.patch_direct(
-        "nodes",
-        "h100-d",
-        {
-            "metadata": {"labels": {lbl.STABILITY: "unstable"}},
-            "status": {
-                "conditions": [
-                    {
-                        "type": "GPUHealthy",
-                        "status": "False",
-                        "reason": "Xid79",
-                        "message": "xid 79",
-                    }
-                ]
-            },
-        },
-    )
-    ctl.cache.relist()
-    ctl.reconcile_once()
-    ctl.cache.relist()
-    ctl.reconcile_once()
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
-    return ["--server", api.url, "--policy", str(policy)]
+            nodes.patch(suffix, {"metadata": {"annotations": annotations}})
+        core = client.CoreV1Api(plane.api_client())
+        core.create_namespaced_pod(NAMESPACE, pod_manifest("train", node_name=nodes.name("h100-d")))
+        ctl = controller(plane, identities, nodes)
+        ctl.reconcile_once()
+        nodes.patch("h100-d", {"metadata": {"labels": {lbl.STABILITY: "unstable"}}})
+        condition = {
+            "type": "GPUHealthy",
+            "status": "False",
+            "reason": "Xid79",
+            "message": "xid 79",
+        }
+        core.patch_node_status(
+            nodes.name("h100-d"),
+            {"status": {"conditions": [condition]}},
+            _content_type="application/strategic-merge-patch+json",
+        )
+        for _ in range(2):  # cordon, evict
+            ctl.cache.relist()
+            ctl.reconcile_once()
+        waiting.pods(
+            plane.api_client(),
+            NAMESPACE,
+            lambda pods: "train" not in pods,
+            what="kubelet stand-in: evicted pod train deleted",
+        )
+        ctl.clock.advance(2)  # the next drain step (a FakeClock on the wall time)
+        ctl.cache.relist()
+        ctl.reconcile_once()  # drained
+        policy = tmp_path_factory.mktemp("review") / "policy.yaml"
+        policy.write_text(yaml.safe_dump(POLICY))
+        yield ["--kubeconfig", str(plane.admin.path), "--policy", str(policy)]
+    finally:
+        nodes.delete_all()
 
 
 def test_report_json(mixed_cluster):
@@ -136,23 +169,37 @@ def test_report_bad_prometheus_url_is_one_line_error(mixed_cluster):
     assert "Traceback" not in result.output
 
 
-def test_policy_error_names_file_and_line(api, tmp_path):
+def test_policy_error_names_file_and_line(tmp_path):
     bad = tmp_path / "policy.yaml"
     bad.write_text("version: v1\ntiers:\n  - name: training\n    min_healty: 2\n")
-    result = CliRunner().invoke(app, ["run", "--policy", str(bad), "--server", api.url, "--once"])
+    args = ["run", "--policy", str(bad), "--server", "https://127.0.0.1:1", "--once"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert f"{bad}:4: tiers[0].min_healty: unknown field" in result.stderr
 
 
-def test_dry_run_once_prints_and_changes_nothing(api, tmp_path):
-    add_nodes(api, {"a": gpu_labels(), "b": {**gpu_labels(), lbl.STABILITY: "unstable"}})
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(POLICY))
-    rv = api.resource_version
-    result = CliRunner().invoke(
-        app, ["run", "--policy", str(policy), "--server", api.url, "--dry-run", "--once"]
-    )
-    assert result.exit_code == 0, result.output
-    assert "would set tier training on node a" in result.stdout
-    assert "would cordon, taint and start draining" in result.stdout
-    assert api.resource_version == rv
+def test_dry_run_once_prints_and_changes_nothing(review_plane, tmp_path):
+    plane, identities = review_plane
+    nodes = NodeSet(plane.api_client(), "dry")
+    try:
+        a = nodes.create("a", gpu_labels())
+        b = nodes.create("b", {**gpu_labels(), lbl.STABILITY: "unstable"})
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(yaml.safe_dump({**POLICY, "nodes": nodes.selector()}))
+        before = {s: nodes.get(s)["metadata"]["resourceVersion"] for s in ("a", "b")}
+        mark = plane.audit_mark()
+        kubeconfig = str(identities.tiering.kubeconfig.path)
+        result = CliRunner().invoke(
+            app,
+            ["run", "--policy", str(policy), "--kubeconfig", kubeconfig, "--dry-run", "--once"],
+        )
+        assert result.exit_code == 0, result.output
+        assert f"would set tier training on node {a}" in result.stdout
+        assert "would cordon, taint and start draining" in result.stdout
+        assert f"node {b}" in result.stdout
+        assert {s: nodes.get(s)["metadata"]["resourceVersion"] for s in ("a", "b")} == before
+        audited = plane.audited(mark, user=identities.tiering.user)
+        asked = {(r.verb, r.resource) for r in audited if r.resource}  # not discovery
+        assert asked == {("list", "nodes")}, "a dry run reads the nodes, nothing else"
+    finally:
+        nodes.delete_all()

@@ -2,7 +2,9 @@
 
 Prints the admin kubeconfig's path, then serves until Ctrl-C. ``--nodes N`` adds N kubelet-less
 8-GPU nodes (with the kubelet stand-in running their pods), so ``kubectl`` and
-``nodeagent tiering run --kubeconfig`` have something to look at.
+``nodeagent tiering run --kubeconfig`` have something to look at. ``--identities`` applies the
+deploy manifests' ServiceAccounts and RBAC and prints a kubeconfig for the agent's and the
+tiering service's account, to run them with exactly the permissions a cluster gives them.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError
+from nodeagent.testing.kube.deploy import install_identities
 from nodeagent.testing.kube.nodes import KubeletStandIn, create_node
 
 
@@ -22,13 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kueue", action="store_true", help="leave Kueue out")
     parser.add_argument("--nodes", type=int, default=0, help="kubelet-less 8-GPU nodes to add")
     parser.add_argument("--workdir", help="keep data, certificates and logs here")
+    parser.add_argument(
+        "--identities",
+        action="store_true",
+        help="apply the deploy manifests' RBAC; print the agent's and the service's kubeconfigs",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     plane = ControlPlane(
         scheduler=True,
         controller_manager=True,
         kueue=not args.no_kueue,
-        workdir=None if args.workdir is None else __import__("pathlib").Path(args.workdir),
+        workdir=None if args.workdir is None else Path(args.workdir),
     )
     try:
         plane.start()
@@ -42,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.nodes):
             create_node(plane.api_client(), f"gpu-node-{i}", gpus=8)
+        if args.identities:
+            identities = install_identities(plane)
+            print(f"agent kubeconfig: {identities.agent.kubeconfig.path}")
+            print(f"tiering kubeconfig: {identities.tiering.kubeconfig.path}")
         print(f"logs: {plane.logs_dir}")
         print(f"export KUBECONFIG={plane.admin.path}")
         print("serving; Ctrl-C stops every component", flush=True)

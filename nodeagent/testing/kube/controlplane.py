@@ -51,6 +51,7 @@ from typing import Any
 
 import yaml
 
+from nodeagent.testing.kube.audit import AuditedRequest, audit_mark, read_audit
 from nodeagent.testing.kube.certs import CertificateAuthority, CertPair, service_account_keys
 
 log = logging.getLogger(__name__)
@@ -191,19 +192,6 @@ AUDIT_POLICY = {
         {"level": "Metadata"},
     ],
 }
-
-
-@dataclass(frozen=True, slots=True)
-class AuditedRequest:
-    """One API request from the audit log."""
-
-    user: str
-    verb: str  # get, list, watch, create, update, patch, delete, ...
-    resource: str  # "nodes", "pods/eviction", "leases", ... ("" for non-resource URLs)
-    namespace: str
-    name: str
-    code: int
-    uri: str
 
 
 @dataclass
@@ -598,10 +586,7 @@ class ControlPlane:
 
     def audit_mark(self) -> int:
         """A position in the audit log; :meth:`audited` after it reads only later requests."""
-        try:
-            return self.audit_log.stat().st_size
-        except FileNotFoundError:
-            return 0
+        return audit_mark(self.audit_log)
 
     def audited(self, since: int = 0, user: str | None = None) -> list[AuditedRequest]:
         """Requests by nodeagent's identities (not the harness, nor the control plane's own
@@ -609,39 +594,7 @@ class ControlPlane:
 
         A watch counts when its response starts; everything else when its response completes.
         """
-        requests = []
-        try:
-            with self.audit_log.open("rb") as log_file:
-                log_file.seek(since)
-                lines = log_file.read().splitlines()
-        except FileNotFoundError:
-            return []
-        for line in lines:
-            event = json.loads(line)
-            stage, verb = event.get("stage"), event.get("verb", "")
-            if not (stage == "ResponseComplete" and verb != "watch") and not (
-                stage == "ResponseStarted" and verb == "watch"
-            ):
-                continue
-            who = event.get("user", {}).get("username", "")
-            if user is not None and who != user:
-                continue
-            ref = event.get("objectRef", {})
-            resource = ref.get("resource", "")
-            if ref.get("subresource"):
-                resource += "/" + ref["subresource"]
-            requests.append(
-                AuditedRequest(
-                    user=who,
-                    verb=verb,
-                    resource=resource,
-                    namespace=ref.get("namespace", ""),
-                    name=ref.get("name", ""),
-                    code=int(event.get("responseStatus", {}).get("code", 0)),
-                    uri=event.get("requestURI", ""),
-                )
-            )
-        return requests
+        return read_audit(self.audit_log, since, user)
 
     def _apiserver_ready(self) -> bool:
         try:
@@ -651,8 +604,13 @@ class ControlPlane:
         return True
 
     def stop_apiserver(self) -> None:
-        """Stop kube-apiserver (an outage: connections drop, nothing answers on its port)."""
-        self.components["kube-apiserver"].stop()
+        """Kill kube-apiserver (an outage: connections drop, nothing answers on its port).
+
+        SIGKILL, as a crash would: a graceful stop waits for the open watches of the
+        scheduler, the controller manager and Kueue to end (ten seconds here) and the store is
+        in etcd either way.
+        """
+        self.components["kube-apiserver"].kill()
 
     def start_apiserver(self, timeout_s: float = 60.0) -> None:
         """Start kube-apiserver again on the same port, after :meth:`stop_apiserver`."""

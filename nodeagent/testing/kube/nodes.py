@@ -177,7 +177,8 @@ class KubeletStandIn:
     A watch over pods bound to a node drives it; on a watch error (an API server outage, a
     ``410 Gone``) it lists again and carries on, so it survives restarts of kube-apiserver.
     ``run_pods=False`` leaves bound pods Pending (what a benchmark that never needs pods
-    Running wants: half the writes).
+    Running wants: half the writes). :attr:`grace_periods` records, per ``namespace/name``, the
+    grace period a pod's deletion gave it (what a kubelet would allow its containers to stop).
     """
 
     def __init__(self, api: client.ApiClient, *, run_pods: bool = True) -> None:
@@ -187,6 +188,7 @@ class KubeletStandIn:
         self._thread = threading.Thread(target=self._loop, name="kubelet-stand-in", daemon=True)
         self._watch: watch.Watch | None = None
         self.synced = threading.Event()
+        self.grace_periods: dict[str, int] = {}
 
     def start(self) -> KubeletStandIn:
         """Start the watch thread; returns self."""
@@ -240,6 +242,9 @@ class KubeletStandIn:
         name, namespace = meta.get("name"), meta.get("namespace")
         try:
             if meta.get("deletionTimestamp"):
+                self.grace_periods.setdefault(
+                    f"{namespace}/{name}", int(meta.get("deletionGracePeriodSeconds") or 0)
+                )
                 self.core.delete_namespaced_pod(
                     name,
                     namespace,
@@ -254,3 +259,74 @@ class KubeletStandIn:
         except ApiException as exc:
             if exc.status not in (404, 409):  # gone already, or replaced meanwhile
                 log.warning("kubelet stand-in: pod %s/%s: %s", namespace, name, exc.reason)
+
+
+OWNER_LABEL = "test.nodeagent.io/owner"  # which test made a node (nodes are cluster-wide)
+
+
+class NodeSet:
+    """The nodes of one test on a shared control plane: named ``<prefix>-<suffix>``, labelled
+    :data:`OWNER_LABEL` = ``prefix`` (a tier policy's ``nodes`` selector can keep a service to
+    them), and deleted by :meth:`delete_all`."""
+
+    def __init__(self, api: client.ApiClient, prefix: str) -> None:
+        self.api = api
+        self.prefix = prefix
+        self.names: list[str] = []
+
+    def name(self, suffix: str) -> str:
+        """The full name of node ``suffix``."""
+        return f"{self.prefix}-{suffix}"
+
+    def create(
+        self,
+        suffix: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        gpus: int | None = 8,
+        taints: Sequence[Mapping[str, str]] = (),
+        capacity: Mapping[str, str] | None = None,
+    ) -> str:
+        """Create a Ready node; returns its name."""
+        name = self.name(suffix)
+        create_node(
+            self.api,
+            name,
+            {OWNER_LABEL: self.prefix, **(labels or {})},
+            gpus=gpus,
+            taints=taints,
+            capacity=capacity,
+        )
+        self.names.append(name)
+        return name
+
+    def get(self, suffix: str) -> JSON:
+        """Node ``suffix`` as the API server has it now (raw JSON)."""
+        core = client.CoreV1Api(self.api)
+        resp: Any = core.read_node(self.name(suffix), _preload_content=False)
+        node: JSON = json.loads(resp.data)
+        return node
+
+    def patch(self, suffix: str, body: JSON, *, status: bool = False) -> None:
+        """A merge patch of node ``suffix`` (or of its status), as another client would send."""
+        core = client.CoreV1Api(self.api)
+        call = core.patch_node_status if status else core.patch_node
+        call(self.name(suffix), body, _content_type="application/merge-patch+json")
+
+    def selector(self) -> JSON:
+        """A tier policy ``nodes`` selector for exactly these nodes."""
+        return {
+            "match_labels": {OWNER_LABEL: self.prefix},
+            "match_expressions": [{"key": "nodeagent.io/stability", "operator": "Exists"}],
+        }
+
+    def delete_all(self) -> None:
+        """Delete every node this set created."""
+        core = client.CoreV1Api(self.api)
+        for name in self.names:
+            try:
+                core.delete_node(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self.names.clear()

@@ -3,9 +3,18 @@
 - ``control_plane``: etcd, kube-apiserver, kube-scheduler, kube-controller-manager and Kueue,
   started on first use and stopped when the session ends (also on Ctrl-C or a failure).
   Without the programs the test skips, naming ``make kube-bins``; with ``CI=true`` it fails.
+- ``private_control_plane``: etcd and kube-apiserver only, a second one for the session, for
+  tests that must see every object of the cluster (a review of all nodes and their Events) or
+  need the API server configured otherwise: its watch cache is off for nodes, so a node watch
+  from before an etcd compaction ends with ``410 Gone`` at once. Tests on it clean up after
+  themselves.
 - ``kube_ns``: a fresh namespace for the test, deleted afterwards.
 - ``kubelets``: the kubelet stand-in for nodes without kubelets (runs bound pods, finishes
   deletions), shared by the session.
+- ``kube_identities``: the deploy manifests' ServiceAccounts and RBAC applied (once), with a
+  kubeconfig for the agent's and the tiering service's account.
+- ``kube_nodes``: a :class:`NodeSet` for the test (nodes named after its namespace, deleted
+  afterwards).
 
 Every test that uses ``control_plane`` is marked ``kube`` (``pytest -m kube`` runs them). When
 such a test fails, the components' logs are copied next to the test's temporary directory and
@@ -24,7 +33,8 @@ from typing import Any
 import pytest
 
 from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError, bins_dir
-from nodeagent.testing.kube.nodes import KubeletStandIn
+from nodeagent.testing.kube.deploy import Identities, install_identities
+from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet
 
 # The DRA gates the DRA driver's tests need on kube-apiserver and kube-scheduler.
 DRA_FEATURE_GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
@@ -37,9 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KEPT_LOGS] = []
 
 
+_PLANES = ("control_plane", "private_control_plane")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "control_plane" in getattr(item, "fixturenames", ()):
+        if any(plane in getattr(item, "fixturenames", ()) for plane in _PLANES):
             item.add_marker(pytest.mark.kube)
 
 
@@ -58,29 +71,36 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[ControlPlane]:
-    """The session's control plane (see the module docstring)."""
+def _bins() -> Path:
+    """The programs, or a skip naming ``make kube-bins`` (a failure with ``CI=true``)."""
     try:
-        bins = bins_dir()
+        return bins_dir()
     except ControlPlaneError as exc:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    plane = ControlPlane(
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """The session's control plane (see the module docstring)."""
+    with ControlPlane(
         scheduler=True,
         controller_manager=True,
         kueue=True,
-        bins=bins,
+        bins=_bins(),
         # DRA (resource.k8s.io/v1) is GA; partitionable devices (beta, on by default since 1.36)
         # and device taints (GA in 1.37) are named so the DRA tests never rest on defaults.
         feature_gates=DRA_FEATURE_GATES,
-    )
-    plane.start()
-    try:
+    ) as plane:
         yield plane
-    finally:
-        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def private_control_plane() -> Iterator[ControlPlane]:
+    """A second, bare control plane (see the module docstring)."""
+    with ControlPlane(bins=_bins(), apiserver_args=["--watch-cache-sizes=nodes#0"]) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +127,17 @@ def kube_ns(
     if any(r.failed for r in reports.values()):
         kept = control_plane.keep_logs(tmp_path / "control-plane-logs")
         request.config.stash[_KEPT_LOGS].append(f"{request.node.nodeid}: {kept}")
+
+
+@pytest.fixture(scope="session")
+def kube_identities(control_plane: ControlPlane) -> Identities:
+    """The components' ServiceAccounts, bound by the shipped RBAC manifests."""
+    return install_identities(control_plane)
+
+
+@pytest.fixture
+def kube_nodes(control_plane: ControlPlane, kube_ns: str) -> Iterator[NodeSet]:
+    """Nodes of this test (named ``<namespace>-<suffix>``), deleted afterwards."""
+    nodes = NodeSet(control_plane.api_client(), kube_ns)
+    yield nodes
+    nodes.delete_all()

@@ -19,7 +19,8 @@ from nodeagent_tiering.history import (
     History,
     HistoryStore,
 )
-from nodeagent_tiering.kube import Kube, NodeCache
+from nodeagent_tiering.informer import NodeCache
+from nodeagent_tiering.kube import Kube
 from nodeagent_tiering.metrics import TieringMetrics
 from nodeagent_tiering.pending import Diagnosis, Reason, Settings
 from nodeagent_tiering.pending_loop import PendingLoop
@@ -34,7 +35,7 @@ def events_on(core: client.CoreV1Api, namespace: str, pod: str) -> list[Any]:
 
 
 def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[PendingLoop, Any]:
-    kube = Kube(plane.api_client(), event_namespace=namespace)
+    kube = Kube(plane.api_client())
     metrics = TieringMetrics(CollectorRegistry())
     loop = PendingLoop(
         kube,

@@ -1,1 +1,0 @@
-"""Shared test support: the Kubernetes API stand-in."""
