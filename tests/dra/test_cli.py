@@ -47,3 +47,45 @@ def test_an_unknown_preset_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "unknown simulator preset 'h900'" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_dynamic_mig_pool_with_a_mig_layout_is_refused_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "version: v1\npools:\n  default:\n    mig_layout: all-1g.10gb\n    dra:\n"
+        "      dynamic_mig: true\n"
+    )
+    result = run(
+        "dra", "slices", "--simulate", "t4", "--state-dir", str(tmp_path), "-c", str(config)
+    )
+    assert result.exit_code == 2
+    assert "pools.default.dra.dynamic_mig" in result.stderr
+    assert "unset mig_layout" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_instances_the_driver_made_are_shown_as_it_publishes_them(tmp_path: Path) -> None:
+    from nodeagent.gpu.types import Placement
+    from nodeagent_dra.checkpoint import (
+        Checkpoint,
+        ClaimRecord,
+        MigIntent,
+        PreparedDevice,
+        checkpoint_path,
+    )
+
+    sim, state = tmp_path / "sim", tmp_path / "state"
+    node = open_node(simulate="dgx-h100", state_dir=sim)
+    shape(node, "dynamic")
+    node.create_gpu_instance(0, "2g.20gb", Placement(2, 2))
+    node.close()
+    mig = MigIntent(0, "2g.20gb", 2, 2, instance_id=1)
+    device = PreparedDevice(("r",), "n1", "gpu-0-mig-2g20gb-14-2", mig=mig)
+    Checkpoint.load(checkpoint_path(state)).put(ClaimRecord("u", "ns", "c", (device,), True))
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"version: v1\nstate_dir: {state}\n")
+    common = ["dra", "slices", "--simulate", "dgx-h100", "--state-dir", str(sim), "--json"]
+    out = json.loads(run(*common, "-c", str(config), "--dynamic-mig", "--node-name", "n1").stdout)
+    gpu0 = [d["name"] for s in out for d in s["spec"].get("devices", [])]
+    assert "gpu-0" in gpu0, "the driver's own instance leaves the whole GPU listed"
+    assert "gpu-0-mig-2g20gb-14-2" in gpu0

@@ -345,3 +345,15 @@ def test_time_slicing_and_nvidias_parameter_group_are_read_and_bad_ones_fail_the
     assert "NODEAGENT_SHARING=TimeSlicing" in env["env"]
     assert "sharing strategy 'Magic'" in answers[bad[1]].error
     assert answers[other[1]].error == "", "another driver's parameters are not ours to judge"
+
+
+def test_the_whole_gpu_of_a_dynamic_mig_gpu_is_its_largest_instance(
+    plugin: tuple, h100: GpuNode, claims: Claims
+) -> None:
+    _, _, connection = plugin
+    whole = claims.add(claim_json("whole", [("gpu", "gpu-1")]))
+    answer = connection.prepare([whole])[whole[1]]
+    assert answer.error == ""
+    assert instances(h100, 1) == ["7g.80gb@0:8"]
+    assert connection.unprepare([whole]) == {whole[1]: ""}
+    assert instances(h100, 1) == []
