@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 NAME = "dra"
 TICK_S = 1.0  # how often the loop looks again without a wake-up
+# How often the stored slices are checked against what was published: the kubelet deletes a
+# node's slices when it starts and 30 s after a driver has no plugin connected.
+RESYNC_S = 30.0
 LOCK_WHAT = "the node's MIG layout"
 
 
@@ -105,6 +109,8 @@ class DraComponent:
             health=self._health_feed if health is not None else None,
         )
         self._serving = False
+        self.resync_s = RESYNC_S
+        self._last_snapshot: NodeSnapshot | None = None
 
     @property
     def ready(self) -> bool:
@@ -139,6 +145,7 @@ class DraComponent:
         Raises:
             KubeUnavailableError: the API server refused or is away (the loop retries).
         """
+        self._last_snapshot = snapshot
         wanted = build_slices(snapshot, self.spec(self.generation or 1))
         if self.published is not None and wanted.content_key() == self.published.content_key():
             return False
@@ -163,6 +170,29 @@ class DraComponent:
             self.generation,
         )
         return True
+
+    def resync(self) -> bool:
+        """Publish again when the stored slices are not the ones published last (someone, the
+        kubelet at its start say, deleted or changed them); whether anything was sent.
+
+        Raises:
+            KubeUnavailableError: the API server refused or is away.
+        """
+        if self.publisher is None or self.published is None:
+            return False
+        stored = {
+            s["metadata"]["name"]: s["spec"]["pool"]["generation"] for s in self.publisher.current()
+        }
+        wanted = {s["metadata"]["name"]: self.generation for s in self.published.slices}
+        if stored == wanted:
+            return False
+        log.warning(
+            "ResourceSlices of node %s changed behind the driver's back; publishing again",
+            self.config.node_name,
+        )
+        self.published = None
+        snapshot = self._last_snapshot or self.snapshots.latest
+        return snapshot is not None and self.refresh(snapshot)
 
     def _health_feed(self) -> dict[tuple[str, str], tuple[int, str]]:
         """KEP-4680: every published device, unhealthy where it carries a NoSchedule taint."""
@@ -189,6 +219,7 @@ class DraComponent:
         backoff = Backoff(kube.retry_initial_s, kube.retry_max_s)
         self.server.start()
         self._serving = True
+        checked = time.monotonic()
         try:
             while not stop.is_set():
                 snapshot = self.snapshots.latest
@@ -196,6 +227,9 @@ class DraComponent:
                 if snapshot is not None:
                     try:
                         self.refresh(snapshot)
+                        if time.monotonic() - checked >= self.resync_s:
+                            checked = time.monotonic()
+                            self.resync()
                         backoff.succeed()
                     except KubeUnavailableError as exc:
                         wait = backoff.fail()

@@ -118,13 +118,18 @@ def test_slices_change_only_with_layout_or_health(
     assert component.refresh(node.snapshot())
     assert all(keys == [] for keys in taints().values()), "recovered after the quiet period"
     assert generations(api, name) == {4}
+    # The kubelet wipes the node's slices at its start: the resync publishes them again.
+    assert not component.resync()
+    api.delete_collection_resource_slice(field_selector=f"spec.nodeName={name}")
+    assert component.resync()
+    assert generations(api, name) == {5}
     # A restarted agent continues from the stored generation.
     again = DraComponent(
         config, node, store, model, mig_lock_file=tmp_path / "mig.lock", api_client=api_client
     )
     node.create_gpu_instance(1, "1g.10gb", Placement(1, 1))
     assert again.refresh(node.snapshot())
-    assert generations(api, name) == {5}
+    assert generations(api, name) == {6}
     assert again.publisher is not None
     again.publisher.withdraw()
     assert stored(api, name) == []
