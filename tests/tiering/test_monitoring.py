@@ -13,18 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeagent_tiering.metrics import TieringMetrics
-from tests.deploy.monitoring import (
-    DASHBOARDS_DIR,
-    RULES_DIR,
-    assert_laid_out,
-    dashboard,
-    dashboard_exprs,
-    metrics_used,
-    recorded,
-    registered_names,
-    rule_exprs,
-    rules,
-)
+from tests.deploy import monitoring
 
 
 @dataclass(frozen=True)
@@ -36,47 +25,51 @@ class Shipped:
 
 SHIPPED = {
     "pending": Shipped(
-        RULES_DIR / "nodeagent-tiering-rules.yaml",
-        DASHBOARDS_DIR / "nodeagent-tiering-pending.json",
+        monitoring.RULES_DIR / "nodeagent-tiering-rules.yaml",
+        monitoring.DASHBOARDS_DIR / "nodeagent-tiering-pending.json",
         None,  # its panels query the service's series directly
     ),
     "quota": Shipped(
-        RULES_DIR / "nodeagent-tiering-quota-rules.yaml",
-        DASHBOARDS_DIR / "nodeagent-tiering-quota.json",
+        monitoring.RULES_DIR / "nodeagent-tiering-quota-rules.yaml",
+        monitoring.DASHBOARDS_DIR / "nodeagent-tiering-quota.json",
         re.compile(r"\b(tier:[a-z0-9_]+:[a-z0-9_]+)"),
     ),
 }
-REGISTERED = registered_names(TieringMetrics(CollectorRegistry()).registry)
+REGISTERED = monitoring.registered_names(TieringMetrics(CollectorRegistry()).registry)
 
 
 @pytest.mark.parametrize("shipped", SHIPPED.values(), ids=SHIPPED.keys())
 def test_rules_and_dashboard_use_only_registered_metrics(shipped: Shipped) -> None:
-    assert metrics_used(rule_exprs(shipped.rules)) - REGISTERED == set()
-    assert metrics_used(dashboard_exprs(shipped.dashboard)) - REGISTERED == set()
+    for exprs in (
+        monitoring.rule_exprs(shipped.rules),
+        monitoring.dashboard_exprs(shipped.dashboard),
+    ):
+        assert monitoring.metrics_used(exprs) - REGISTERED == set()
 
 
 @pytest.mark.parametrize("shipped", SHIPPED.values(), ids=SHIPPED.keys())
 def test_the_dashboard_is_laid_out(shipped: Shipped) -> None:
-    assert_laid_out(shipped.dashboard)
+    monitoring.assert_laid_out(shipped.dashboard)
 
 
 def test_the_quota_dashboard_reads_recorded_tier_series_that_exist() -> None:
     shipped = SHIPPED["quota"]
     assert shipped.recorded is not None
-    used = {m for e in dashboard_exprs(shipped.dashboard) for m in shipped.recorded.findall(e)}
+    exprs = monitoring.dashboard_exprs(shipped.dashboard)
+    used = {m for e in exprs for m in shipped.recorded.findall(e)}
     assert used, "the dashboard reads no recorded series: the pattern or the file is broken"
-    assert used <= recorded(shipped.rules)
+    assert used <= monitoring.recorded(shipped.rules)
 
 
 def test_the_pending_dashboard_shows_the_longest_blocked() -> None:
-    titles = {p["title"] for p in dashboard(SHIPPED["pending"].dashboard)["panels"]}
+    titles = {p["title"] for p in monitoring.dashboard(SHIPPED["pending"].dashboard)["panels"]}
     assert "Longest blocked by fragmentation" in titles
 
 
 def test_the_alert_is_about_fragmentation_for_30_minutes() -> None:
     (alert,) = [
         r
-        for r in rules(SHIPPED["pending"].rules)
+        for r in monitoring.rules(SHIPPED["pending"].rules)
         if r.get("alert") == "NodeagentGpuWorkloadsBlockedByFragmentation"
     ]
     assert "contiguity-gpus|contiguity-mig" in alert["expr"]
