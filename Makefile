@@ -39,7 +39,7 @@ test: $(BIN)/nodeagent kube-bins
 # mypy resolves a module by its folder name, so the feature folders get links under their
 # import names (nodeagent_mig -> mig, ...); pyproject.toml points mypy_path there.
 TYPECHECK := .typecheck
-FEATURES := mig exporters device_plugin tiering
+FEATURES := mig exporters device_plugin tiering dra
 
 $(TYPECHECK):
 	mkdir -p $(TYPECHECK)

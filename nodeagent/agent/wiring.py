@@ -8,13 +8,14 @@ callable; nothing is filled in after construction. The build order follows the d
 2. the MIG reconciler applies the pool's layout (the capability labels name it once applied);
 3. the health model, on its own, so the device plugin and the exporter can take it as their
    health source;
-4. the device plugin, which publishes what it advertises;
+4. the device plugin, which publishes what it advertises, and the DRA driver (kubelet plugin
+   and ResourceSlices; it takes the node-wide MIG lock the MIG reconciler takes);
 5. the exporter, which reads health and the advertised devices, and computes capacity;
 6. the health component around the model: its reporter publishes the capability labels, the
    exporter's capacity annotations and the GPU-state annotation on the node.
 
 Components start in the order the supervisor lists them (sampler, MIG reconciler, health,
-device plugin, metrics). A feature turned off in the config is absent.
+device plugin, DRA driver, metrics). A feature turned off in the config is absent.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nodeagent.health import component as health
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent_device_plugin import component as device_plugin
+from nodeagent_dra import component as dra
 from nodeagent_exporters import component as exporters
 from nodeagent_mig import reconciler as mig
 
@@ -63,10 +65,14 @@ def build(
     """
     feed: SnapshotFeed = snapshots
     sampler = Sampler(node, snapshots, config.sampler)
-    reconciler = mig.build(config, node, lock_file=mig_lock_file)
+    # One node-wide MIG lock: `nodeagent mig apply`, the reconciler and the DRA driver's
+    # dynamic MIG all take it.
+    mig_lock = mig_lock_file or config.state_dir / "mig" / "mig.lock"
+    reconciler = mig.build(config, node, lock_file=mig_lock)
     labels = CapabilityLabels(feed, config, reconciler)
     model = health.build_model(config)
     plugin = device_plugin.build(config, feed, model)
+    dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)
     exporter = exporters.build(
         config,
         feed,
@@ -93,7 +99,9 @@ def build(
             config, model, node, feed, labels=labels, annotations=annotations
         )
     components: tuple[Component, ...] = tuple(
-        c for c in (sampler, reconciler, health_component, plugin, exporter) if c is not None
+        c
+        for c in (sampler, reconciler, health_component, plugin, dra_driver, exporter)
+        if c is not None
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
     return Wired(components, reloadables)
