@@ -18,6 +18,7 @@ COPY mig/ mig/
 COPY device_plugin/ device_plugin/
 COPY exporters/ exporters/
 COPY tiering/ tiering/
+COPY dra/ dra/
 COPY systemd/ systemd/
 RUN python -m venv /opt/nodeagent \
     && /opt/nodeagent/bin/pip install --no-cache-dir .

@@ -37,9 +37,11 @@ test: $(BIN)/nodeagent kube-bins
 	$(BIN)/python -m pytest -q
 
 # mypy resolves a module by its folder name, so the feature folders get links under their
-# import names (nodeagent_mig -> mig, ...); pyproject.toml points mypy_path there.
+# import names (nodeagent_mig -> mig, ...); pyproject.toml points mypy_path there. Remade on
+# every lint, so a feature added to FEATURES gets its link in an existing checkout.
 TYPECHECK := .typecheck
-FEATURES := mig exporters device_plugin tiering
+FEATURES := mig exporters device_plugin tiering dra
+.PHONY: $(TYPECHECK)
 
 $(TYPECHECK):
 	mkdir -p $(TYPECHECK)

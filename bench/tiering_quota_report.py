@@ -35,7 +35,12 @@ from nodeagent.testing.kueue_month import simulate
 from nodeagent_tiering import kueue
 from nodeagent_tiering.nodes import NodeView
 from nodeagent_tiering.report import build_review, render_html, table_rows
-from nodeagent_tiering.review_quota import ReviewInputs, build_section, gc_paused
+from nodeagent_tiering.review_quota import (
+    QuotaSection,
+    ReviewInputs,
+    build_pool_review,
+    gc_paused,
+)
 
 TARGET_S = 10.0
 KINDS = ("nodes", "pods", "events", "flavors", "cluster_queues", "local_queues", "workloads")
@@ -49,15 +54,9 @@ def measure(bodies: dict[str, bytes], now_s: float, period_s: float) -> dict[str
     times["decode"] = time.perf_counter() - t
     t = time.perf_counter()
     inputs = ReviewInputs(now_s=now_s, period_s=period_s, kueue=kueue.KueueApi("v1beta2"), **lists)
-    review = build_review(
-        [NodeView.from_object(o) for o in inputs.nodes],
-        inputs.events,
-        policy=None,
-        now_s=now_s,
-        period_s=period_s,
-    )
-    section = build_section(inputs)
-    review.sections.append(section)
+    review = build_pool_review(inputs)
+    section = review.sections[-1]
+    assert isinstance(section, QuotaSection)
     times["build"] = time.perf_counter() - t
     t = time.perf_counter()
     table_rows(review)

@@ -34,6 +34,7 @@ from nodeagent.capacity import (
     creatable_vector,
     fragmentation_of,
     occupancy,
+    placement_losses,
     slice_mask,
     slice_model,
 )
@@ -318,17 +319,8 @@ def place_on_node(
     best: tuple[tuple[tuple[int, ...], int, int, int], int, Placement] | None = None
     for g, instances in enumerate(gpus):
         occ, counts = occupancy(m, instances)
-        if counts[p] >= m.max_count[p]:
-            continue
-        before = creatable_vector(m, occ, counts)
         used = occ.bit_count()
-        counts[p] += 1
-        for j, mk in enumerate(m.masks[p]):
-            if mk & occ:
-                continue
-            after = creatable_vector(m, occ | mk, counts)
-            loss = tuple(b - a for b, a in zip(before, after, strict=True))
-            placement = m.placements[p][j]
+        for loss, placement in placement_losses(m, occ, counts, p):
             key = (loss, -used, g, placement.start)
             if best is None or key < best[0]:
                 best = (key, g, placement)

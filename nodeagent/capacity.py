@@ -160,6 +160,47 @@ def capacity_key(geometry: MigGeometry, instances: Iterable[Placed]) -> tuple[in
     return creatable_vector(m, occ, counts)
 
 
+def placement_losses(
+    m: SliceModel, occ: int, counts: Sequence[int], p: int
+) -> list[tuple[tuple[int, ...], Placement]]:
+    """Each free legal placement of profile ``p`` (rank index) beside ``occ`` and ``counts``,
+    with the future capacity it costs: the drop in the creatable counts, largest profile first.
+
+    In start order; empty when the profile's max count is reached. The planner's online
+    placement and the DRA driver's published placement order both rank by this loss.
+    """
+    if counts[p] >= m.max_count[p]:
+        return []
+    before = creatable_vector(m, occ, counts)
+    after_counts = list(counts)
+    after_counts[p] += 1
+    out = []
+    for j, mk in enumerate(m.masks[p]):
+        if mk & occ:
+            continue
+        after = creatable_vector(m, occ | mk, after_counts)
+        out.append((tuple(b - a for b, a in zip(before, after, strict=True)), m.placements[p][j]))
+    return out
+
+
+def preferred_placements(
+    geometry: MigGeometry, instances: Iterable[Placed], profile: str
+) -> list[Placement]:
+    """The free legal placements of one more ``profile`` instance, the planner's choice first:
+    least future capacity lost (see :func:`placement_losses`), then the lowest start slice.
+
+    Empty when nothing fits or the profile is at its max count; ValueError for a profile the
+    model does not offer.
+    """
+    m = slice_model(geometry)
+    p = m.index.get(profile)
+    if p is None:
+        raise ValueError(f"{geometry.model} offers no profile {profile!r}")
+    occ, counts = occupancy(m, instances)
+    ranked = sorted(placement_losses(m, occ, counts, p), key=lambda lp: (lp[0], lp[1].start))
+    return [placement for _, placement in ranked]
+
+
 # --- the node ----------------------------------------------------------------------------------
 
 _WHOLE_GPU = re.compile(r"^(?:(\d+)\s*)?gpus?$")

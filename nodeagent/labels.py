@@ -121,6 +121,12 @@ _FAMILIES: dict[tuple[int, int], str] = {
 _INVALID = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def gpu_family(compute_capability: tuple[int, int]) -> str | None:
+    """GFD's family name of a compute capability (``(9, 0)`` -> ``hopper``), or ``None``."""
+    major, minor = compute_capability
+    return _FAMILIES.get((major, minor)) or _FAMILIES.get((major, 0))
+
+
 def label_value(text: str) -> str:
     """``text`` as a valid label value: other characters become ``-``, at most 63, alnum ends.
 
@@ -179,7 +185,7 @@ def capability_labels(snapshot: NodeSnapshot, facts: NodeFacts) -> dict[str, str
             NVLINK_LARGEST_SET: str(largest_nvlink_set(snapshot)),
         }
     )
-    family = _FAMILIES.get((major, minor)) or _FAMILIES.get((major, 0))
+    family = gpu_family((major, minor))
     if family:
         labels[GPU_FAMILY] = family
     # GFD publishes mig.strategy only on MIG-capable nodes.

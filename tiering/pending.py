@@ -604,17 +604,14 @@ def gains(
     key = (id(planner), slots, profile, most)
     found = _GAINS.get(geometry, key)
     if found is None:
-        found = _GAINS.put(geometry, key, _gains(planner, geometry, slots, profile, most))
+        found = _GAINS.put(geometry, key, _search_gains(planner, geometry, key[1:]))
     return found
 
 
-def _gains(
-    planner: MigPlanner,
-    geometry: MigGeometry,
-    slots: tuple[_Slot, ...],
-    profile: str,
-    most: int,
+def _search_gains(
+    planner: MigPlanner, geometry: MigGeometry, query: tuple[tuple[_Slot, ...], str, int]
 ) -> tuple[MigPlan | None, ...]:
+    slots, profile, most = query
     if geometry.profile(profile) is None:
         return (None,) * most
     current = [(MigSlot(s.profile, Placement(s.start, s.size)), s.held) for s in slots]

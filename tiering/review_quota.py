@@ -49,8 +49,18 @@ from nodeagent_tiering import kueue
 from nodeagent_tiering.backing import Backing, backing, capacity
 from nodeagent_tiering.flavors import Flavor, drift
 from nodeagent_tiering.kube import Kube
+from nodeagent_tiering.nodes import NodeView
+from nodeagent_tiering.policy import TierPolicy
 from nodeagent_tiering.quota import RESOURCE, QuotaPolicy, policy_queues, team_of_namespace
-from nodeagent_tiering.report import TIER_IN_MESSAGE, SectionTable, cause_key, instant_query
+from nodeagent_tiering.report import (
+    TIER_IN_MESSAGE,
+    Review,
+    SectionTable,
+    build_review,
+    cause_key,
+    instant_query,
+)
+from nodeagent_tiering.review_sharing import sharing_section
 
 JSON = dict[str, Any]
 
@@ -742,6 +752,36 @@ def _classify(
     if after:
         return "infra", f"{after[0]} (GPU fault)"
     return "application", "exit"
+
+
+def build_pool_review(
+    inputs: ReviewInputs,
+    *,
+    policy: TierPolicy | None = None,
+    quota: QuotaPolicy | None = None,
+    flavors: Sequence[Flavor] = (),
+    prometheus: Mapping[str, Mapping[str, float]] | None = None,
+    usage: PromUsage | None = None,
+    usage_source: str = "not queried (no --prometheus)",
+) -> Review:
+    """The tier review of what :func:`read_inputs` read, with the quota and shared-GPU sections:
+    ``prometheus`` are the tier review's instant values, ``usage`` the quota section's."""
+    nodes = [NodeView.from_object(o) for o in inputs.nodes]
+    review = build_review(
+        nodes,
+        inputs.events,
+        policy=policy,
+        now_s=inputs.now_s,
+        period_s=inputs.period_s,
+        prometheus=prometheus,
+    )
+    review.sections.append(
+        build_section(
+            inputs, policy=quota, flavors=flavors, prometheus=usage, prometheus_source=usage_source
+        )
+    )
+    review.sections.append(sharing_section(nodes))
+    return review
 
 
 def build_section(

@@ -8,14 +8,15 @@ callable; nothing is filled in after construction. The build order follows the d
 2. the MIG reconciler applies the pool's layout (the capability labels name it once applied);
 3. the health model, on its own, so the device plugin and the exporter can take it as their
    health source;
-4. the device plugin, which publishes what it advertises;
+4. the device plugin, which publishes what it advertises, and the DRA driver (kubelet plugin
+   and ResourceSlices; it takes the node-wide MIG lock the MIG reconciler takes);
 5. the exporter, which reads health and the advertised devices, computes capacity and
    attributes GPU processes to pods (the XID attributor, built before it, reads that);
 6. the health component around the model: its reporter publishes the capability labels, the
    exporter's capacity annotations and the GPU-state annotation on the node.
 
 Components start in the order the supervisor lists them (sampler, MIG reconciler, health,
-device plugin, metrics). A feature turned off in the config is absent.
+device plugin, DRA driver, metrics). A feature turned off in the config is absent.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from nodeagent.health.validation import GpuValidator
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent_device_plugin import component as device_plugin
+from nodeagent_dra import component as dra
 from nodeagent_exporters import component as exporters
 from nodeagent_mig import reconciler as mig
 
@@ -66,10 +68,14 @@ def build(
     """
     feed: SnapshotFeed = snapshots
     sampler = Sampler(node, snapshots, config.sampler)
-    reconciler = mig.build(config, node, lock_file=mig_lock_file)
+    # One node-wide MIG lock: `nodeagent mig apply`, the reconciler and the DRA driver's
+    # dynamic MIG all take it.
+    mig_lock = mig_lock_file or config.state_dir / "mig" / "mig.lock"
+    reconciler = mig.build(config, node, lock_file=mig_lock)
     labels = CapabilityLabels(feed, config, reconciler)
     model = health.build_model(config)
     plugin = device_plugin.build(config, feed, model)
+    dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)
     # Application XIDs go to the pods of the exporter's last attribution (bound late: the
     # exporter is built next, and the attributor only reads it once events flow).
     xids = health.build_attributor(
@@ -121,7 +127,7 @@ def build(
         actions = SharingActions(config, feed, lambda: shared_now.shared, plugin)
     components: tuple[Component, ...] = tuple(
         c
-        for c in (sampler, reconciler, health_component, plugin, exporter, actions)
+        for c in (sampler, reconciler, health_component, plugin, dra_driver, exporter, actions)
         if c is not None
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))

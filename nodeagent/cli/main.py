@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
         "The central tiering service: run, report, reset-breaker.",
     ),
     "sim": ("nodeagent.cli.sim", "app", "The simulated node: presets, faults, processes."),
+    "dra": ("nodeagent.cli.dra", "app", "The DRA driver: the ResourceSlices this node publishes."),
 }
 
 

@@ -105,7 +105,18 @@ class _Choice:
     agent: AgentConfig | None = None  # the agent config, when one was named
 
 
-def _choose(file: Path | None, name: str | None, agent_path: Path | None) -> _Choice:
+def _choose(
+    file: Path | None, name: str | None, agent_path: Path | None, as_json: bool
+) -> tuple[_Choice, str]:
+    """The layout to work on and its name; exits 0 saying why when the pool leaves MIG alone
+    (the boot unit runs on such a node too and must pass)."""
+    choice = _resolve(file, name, agent_path)
+    if choice.name is None:
+        _nothing_to_do(choice, as_json)
+    return choice, choice.name
+
+
+def _resolve(file: Path | None, name: str | None, agent_path: Path | None) -> _Choice:
     """Resolve the layout: explicit ``-c``/``-f`` first, then the agent config's pool.
 
     Exits 2 when nothing names a layout, or when a named file is invalid.
@@ -301,10 +312,8 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Show what `apply` would do on each GPU: kept, destroyed, created, and the slice maps."""
-    choice = _choose(file, name, agent_config)
-    if choice.name is None:
-        _nothing_to_do(choice, as_json)
-    _plan(choice.cfg, choice.name, force, simulate, state_dir, as_json)
+    choice, name = _choose(file, name, agent_config, as_json)
+    _plan(choice.cfg, name, force, simulate, state_dir, as_json)
 
 
 def _plan(
@@ -417,11 +426,8 @@ def apply(
     mig.allow_reset: those govern the running agent, which works next to live workloads,
     while a command line (or the boot unit) says for itself what it may destroy or reset.
     """
-    choice = _choose(file, name, agent_config)
-    if choice.name is None:
-        # A node whose pool leaves MIG alone: the boot unit runs here too and must pass.
-        _nothing_to_do(choice, as_json)
-    cfg, name = choice.cfg, choice.name
+    choice, name = _choose(file, name, agent_config, as_json)
+    cfg = choice.cfg
     from nodeagent.config.errors import ConfigError
     from nodeagent_mig.config import load_hooks
 
@@ -538,10 +544,8 @@ def assert_(
     as_json: JsonOption = False,
 ) -> None:
     """Exit 0 when the GPUs hold the layout, 1 listing the differences."""
-    choice = _choose(file, name, agent_config)
-    if choice.name is None:
-        _nothing_to_do(choice, as_json)
-    cfg, name = choice.cfg, choice.name
+    choice, name = _choose(file, name, agent_config, as_json)
+    cfg = choice.cfg
     node = open_node_or_exit(simulate, state_dir)
     from nodeagent_mig.apply import differences
 

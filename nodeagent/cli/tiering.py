@@ -302,23 +302,20 @@ def report_command(
     """The pool review: per tier health, drift, MIG layouts, fragmentation, drains; per tier
     and team quota, queue waits, utilisation and failures, and what to change."""
     from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.nodes import NodeView
     from nodeagent_tiering.report import (
         TABLE_HEADERS,
         ReportError,
-        build_review,
         query_prometheus,
         render_html,
         table_rows,
     )
     from nodeagent_tiering.review_quota import (
-        build_section,
+        build_pool_review,
         gc_paused,
         parse_duration,
         query_usage,
         read_inputs,
     )
-    from nodeagent_tiering.review_sharing import sharing_section
 
     try:
         period_s = parse_duration(since) if since is not None else period_days * 86400
@@ -344,28 +341,18 @@ def report_command(
             fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
         except ReportError as exc:
             fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
-        nodes = [NodeView.from_object(o) for o in inputs.nodes]
-        review = build_review(
-            nodes,
-            inputs.events,
+        review = build_pool_review(
+            inputs,
             policy=policy,
-            now_s=now,
-            period_s=period_s,
+            quota=quota,
+            flavors=flavors,
             prometheus=values,
-        )
-        review.sections.append(
-            build_section(
-                inputs,
-                policy=quota,
-                flavors=flavors,
-                prometheus=usage,
-                prometheus_source=f"Prometheus {prometheus}"
-                if prometheus
-                else "not queried (no --prometheus)",
-            )
+            usage=usage,
+            usage_source=f"Prometheus {prometheus}"
+            if prometheus
+            else "not queried (no --prometheus)",
         )
     review.sections.append(_fragmentation(kube, namespace, policy, now, period_s))
-    review.sections.append(sharing_section(nodes))
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, Field, model_validator
 
+from nodeagent.config.dra import PoolDra
 from nodeagent.config.errors import FieldError
 from nodeagent.config.loader import Schema
 
@@ -170,6 +171,20 @@ class PoolPolicy(Schema):
     )
     remediation: RemediationPolicy = Field(default_factory=RemediationPolicy)
     sharing_actions: SharingActionsPolicy = Field(default_factory=SharingActionsPolicy)
+    dra: PoolDra = Field(default_factory=PoolDra, description="the DRA plugin's pool policy")
+
+    @model_validator(mode="after")
+    def _dynamic_mig_owns_the_instances(self) -> Self:
+        if self.dra.dynamic_mig and self.mig_layout is not None:
+            found = FieldError()
+            found.add(
+                ("dra", "dynamic_mig"),
+                f"the DRA driver creates this pool's MIG instances, but mig_layout "
+                f"{self.mig_layout!r} would make the reconciler destroy them; unset mig_layout "
+                "(turn MIG mode on once with `nodeagent mig apply --config all-enabled`)",
+            )
+            found.raise_any()
+        return self
 
     def sharing_for(self, index: int, uuid: str) -> Sharing:
         """The sharing settings of one GPU: per-GPU override by UUID or index, else default."""

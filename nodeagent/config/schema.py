@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Self
@@ -16,30 +15,22 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, Field, model_validator
 
 from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.dra import DraSection
 from nodeagent.config.errors import ConfigError, FieldError, FieldPath, Problem, dotted
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.loader import Schema, deep_merge, env_overrides, validate_document
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.config.types import LabelValue
+from nodeagent.config.types import LabelValue, dns_subdomain
 from nodeagent.config.yamlfile import Document, read_document
 
 DEFAULT_STATE_DIR = Path("/var/lib/nodeagent")
 KIND = "an agent config"
 
-# A Kubernetes node name is a DNS subdomain (RFC 1123): lower-case alphanumerics, '-' and '.',
-# alphanumeric at both ends of every label, at most 253 characters.
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
 
 def _node_name(name: str) -> str:
-    if len(name) > 253 or not _NODE_NAME.match(name):
-        raise ValueError(
-            f"{name!r} is not a valid Kubernetes node name (lower-case letters, digits, '-' and "
-            "'.', starting and ending with a letter or digit, at most 253 characters)"
-        )
-    return name
+    return dns_subdomain(name, 253, "Kubernetes node name")
 
 
 # Pool names become the value of the nodeagent.io/pool label, which tiering selects on.
@@ -100,6 +91,7 @@ class AgentConfig(Schema):
     mig: MigSection = Field(default_factory=MigSection)
     health: HealthSection = Field(default_factory=HealthSection)
     device_plugin: DevicePluginSection = Field(default_factory=DevicePluginSection)
+    dra: DraSection = Field(default_factory=DraSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
     pools: dict[PoolName, PoolPolicy] = Field(

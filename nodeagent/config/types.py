@@ -24,3 +24,19 @@ def label_value(text: str) -> str:
 
 # A name that ends up as a label value (pool names, tier names).
 LabelValue = Annotated[str, AfterValidator(label_value)]
+
+
+# A DNS subdomain (RFC 1123): lower-case alphanumerics, '-' and '.', alphanumeric at both ends
+# of every label. Node names (at most 253 characters) and DRA driver names (63) are such names.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def dns_subdomain(name: str, limit: int, what: str) -> str:
+    """``name`` when it is a DNS subdomain of at most ``limit`` characters, else a ValueError
+    naming ``what`` it was meant to be."""
+    if len(name) > limit or not DNS_SUBDOMAIN.match(name):
+        raise ValueError(
+            f"{name!r} is not a valid {what} (lower-case letters, digits, '-' and '.', starting "
+            f"and ending with a letter or digit, at most {limit} characters)"
+        )
+    return name

@@ -20,9 +20,10 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodeagent.config.health import HealthSection
+if TYPE_CHECKING:  # the config's models (pydantic) are not needed to read a history file
+    from nodeagent.config.health import HealthSection
 
 # Records whose decayed weight fell below this are dropped: they no longer move the score.
 _NEGLIGIBLE = 1e-3

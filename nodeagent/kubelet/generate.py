@@ -17,6 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTOS = (
     Path("nodeagent/kubelet/deviceplugin/v1beta1/api.proto"),
     Path("nodeagent/kubelet/podresources/v1/api.proto"),
+    Path("nodeagent/kubelet/pluginregistration/v1/api.proto"),
+    Path("nodeagent/kubelet/dra/v1/api.proto"),
+    Path("nodeagent/kubelet/dra/v1beta1/api.proto"),
+    Path("nodeagent/kubelet/drahealth/v1alpha1/api.proto"),
 )
 # What protoc writes for each proto (the .pyi files come from mypy-protobuf).
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")

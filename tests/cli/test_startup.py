@@ -37,9 +37,9 @@ print("MODULES=" + json.dumps(sorted(sys.modules)))
 """
 
 
-# `health` (its thresholds) and `status` (where the agent keeps its state) read the agent's
-# config, so they load the config models; bench/cli_startup.py times them against the budget.
-READS_CONFIG = {"health": {"pydantic"}, "status": {"pydantic"}}
+# `health` reads the agent's config (its thresholds), so it loads the config models;
+# bench/cli_startup.py times it against the budget.
+READS_CONFIG = {"health": {"pydantic"}}
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from tests.deploy.tools import (
 # The Kubernetes version whose schemas every manifest must satisfy (kubernetes-validate ships
 # 1.25 to 1.37; 1.35 is the newest minor most managed clusters offer).
 KUBERNETES_VERSION = "1.35.0"
-OVERLAYS = ("plugin-exporter", "exporter-only")
+OVERLAYS = ("plugin-exporter", "exporter-only", "dra")
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 DURATION = re.compile(r"^(0|(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?)$")
 
@@ -140,6 +140,7 @@ def load_text(text: str, environ: dict[str, str]) -> AgentConfig:
     [
         pytest.param("plugin-exporter", True, True, id="plugin-exporter"),
         pytest.param("exporter-only", False, False, id="exporter-only"),
+        pytest.param("dra", False, True, id="dra"),
     ],
 )
 def test_overlay_turns_features_on_and_off(overlay_name: str, plugin: bool, mig: bool) -> None:

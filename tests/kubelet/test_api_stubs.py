@@ -57,3 +57,54 @@ def test_service_full_names_are_the_kubelets() -> None:
 def test_pod_resources_reserves_the_removed_class_name_field() -> None:
     assert "class_name" not in pr.DynamicResource.DESCRIPTOR.fields_by_name
     assert 1 not in pr.DynamicResource.DESCRIPTOR.fields_by_number
+
+
+def test_dra_service_names_are_the_kubelets() -> None:
+    from nodeagent.kubelet.dra.v1 import api_pb2 as dra1
+    from nodeagent.kubelet.dra.v1beta1 import api_pb2 as dra1b
+    from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health
+    from nodeagent.kubelet.pluginregistration.v1 import api_pb2 as reg
+
+    assert reg.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
+    for module, version in ((dra1, "v1"), (dra1b, "v1beta1")):
+        service = module.DESCRIPTOR.services_by_name["DRAPlugin"]
+        assert service.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
+        assert [m.name for m in service.methods] == [
+            "NodePrepareResources",
+            "NodeUnprepareResources",
+        ]
+    watch = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert watch.full_name == "v1alpha1.DRAResourceHealth"
+
+
+@pytest.mark.parametrize(
+    ("module", "message", "field", "number"),
+    [
+        ("pluginregistration.v1", "PluginInfo", "supported_versions", 4),
+        ("pluginregistration.v1", "RegistrationStatus", "error", 2),
+        ("dra.v1", "Device", "cdi_device_ids", 4),
+        ("dra.v1", "Device", "share_id", 5),
+        ("dra.v1", "NodePrepareResourceResponse", "error", 2),
+        ("dra.v1", "Claim", "name", 3),
+        ("dra.v1beta1", "Device", "pool_name", 2),
+        ("dra.v1beta1", "Claim", "uid", 2),
+        ("drahealth.v1alpha1", "DeviceHealth", "health_check_timeout_seconds", 4),
+        ("drahealth.v1alpha1", "DeviceHealth", "message", 5),
+    ],
+)
+def test_dra_field_numbers_are_the_kubelets(
+    module: str, message: str, field: str, number: int
+) -> None:
+    import importlib
+
+    pb = importlib.import_module(f"nodeagent.kubelet.{module}.api_pb2")
+    descriptor = pb.DESCRIPTOR.message_types_by_name[message]
+    assert descriptor.fields_by_name[field].number == number
+
+
+def test_v1beta1_dra_device_has_no_share_id() -> None:
+    from nodeagent.kubelet.dra.v1beta1 import api_pb2 as dra1b
+
+    assert "share_id" not in dra1b.Device.DESCRIPTOR.fields_by_name

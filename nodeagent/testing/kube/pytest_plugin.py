@@ -36,6 +36,8 @@ from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError,
 from nodeagent.testing.kube.deploy import Identities, install_identities
 from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet
 
+# The DRA gates the DRA driver's tests need on kube-apiserver and kube-scheduler.
+DRA_FEATURE_GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
 _KEPT_LOGS = pytest.StashKey[list[str]]()
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -82,7 +84,15 @@ def _bins() -> Path:
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     """The session's control plane (see the module docstring)."""
-    with ControlPlane(scheduler=True, controller_manager=True, kueue=True, bins=_bins()) as plane:
+    with ControlPlane(
+        scheduler=True,
+        controller_manager=True,
+        kueue=True,
+        bins=_bins(),
+        # DRA (resource.k8s.io/v1) is GA; partitionable devices (beta, on by default since 1.36)
+        # and device taints (GA in 1.37) are named so the DRA tests never rest on defaults.
+        feature_gates=DRA_FEATURE_GATES,
+    ) as plane:
         yield plane
 
 

@@ -1,13 +1,11 @@
-"""What ships for the diagnosis: rules, the dashboard, least-privilege RBAC."""
+"""The diagnosis under the shipped least-privilege RBAC (its rules and dashboard:
+tests/tiering/test_monitoring.py)."""
 
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
@@ -20,46 +18,7 @@ from nodeagent_tiering.kube import Kube, KubeError
 from nodeagent_tiering.metrics import TieringMetrics
 from nodeagent_tiering.pending import Settings
 from nodeagent_tiering.pending_loop import PendingLoop
-from tests.deploy.monitoring import (
-    DASHBOARDS_DIR,
-    RULES_DIR,
-    assert_laid_out,
-    dashboard,
-    dashboard_exprs,
-    metrics_used,
-    recorded,
-    registered_names,
-    rule_exprs,
-    rules,
-)
 from tests.deploy.tools import KUSTOMIZE_DIR, kustomize
-
-RULES = RULES_DIR / "nodeagent-tiering-rules.yaml"
-DASHBOARD = DASHBOARDS_DIR / "nodeagent-tiering-pending.json"
-RECORDED = re.compile(r"\b([a-z_]+:nodeagent_tiering_[a-z0-9_]+:[a-z0-9_]+)")
-
-
-@pytest.mark.parametrize("path", [RULES, DASHBOARD], ids=["rules", "dashboard"])
-def test_only_metrics_the_service_registers_are_used(path: Path) -> None:
-    exprs = rule_exprs(path) if path == RULES else dashboard_exprs(path)
-    registered = registered_names(TieringMetrics(CollectorRegistry()).registry)
-    assert metrics_used(exprs) - registered == set()
-
-
-def test_the_dashboard_uses_recorded_series_that_exist_and_is_laid_out() -> None:
-    used = {m for e in dashboard_exprs(DASHBOARD) for m in RECORDED.findall(e)}
-    assert used <= recorded(RULES)
-    assert_laid_out(DASHBOARD)
-    titles = {p["title"] for p in dashboard(DASHBOARD)["panels"]}
-    assert "Longest blocked by fragmentation" in titles
-
-
-def test_the_alert_is_about_fragmentation_for_30_minutes() -> None:
-    (alert,) = [
-        r for r in rules(RULES) if r.get("alert") == "NodeagentGpuWorkloadsBlockedByFragmentation"
-    ]
-    assert "contiguity-gpus|contiguity-mig" in alert["expr"]
-    assert "> 1800" in alert["expr"]
 
 
 def rbac_objects() -> list[dict[str, Any]]:

@@ -1,0 +1,193 @@
+"""The DRA plugin's checkpoint: which claims are prepared, and the MIG instances made for them.
+
+One JSON file in the agent's state directory (``<state_dir>/dra/checkpoint.json``), rewritten
+atomically (:mod:`nodeagent.atomicfile`) at every change, so a kill -9 leaves the old file or
+the new one. A dynamic MIG instance is written down as an *intent* (GPU, profile, placement)
+before it is created and confirmed after: a plugin killed between the two finds the intent on
+restart and adopts the instance it finds at that placement instead of creating a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nodeagent.atomicfile import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+FILE = "checkpoint.json"
+VERSION = 1
+
+
+def checkpoint_path(state_dir: Path) -> Path:
+    """Where the checkpoint of the agent with ``state_dir`` lives."""
+    return state_dir / "dra" / FILE
+
+
+@dataclass(frozen=True, slots=True)
+class MigIntent:
+    """A MIG instance the plugin makes (or made) for a claim's device."""
+
+    gpu_index: int
+    profile: str
+    start: int
+    size: int
+    instance_id: int | None = None  # set once created
+    uuid: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu_index,
+            "profile": self.profile,
+            "start": self.start,
+            "size": self.size,
+            "instance_id": self.instance_id,
+            "uuid": self.uuid,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MigIntent:
+        return cls(
+            int(d["gpu"]),
+            str(d["profile"]),
+            int(d["start"]),
+            int(d["size"]),
+            None if d.get("instance_id") is None else int(d["instance_id"]),
+            None if d.get("uuid") is None else str(d["uuid"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources returned it."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...] = ()
+    mig: MigIntent | None = None
+    share_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": list(self.requests),
+            "pool": self.pool,
+            "device": self.device,
+            "cdi_ids": list(self.cdi_ids),
+            "mig": self.mig.to_json() if self.mig else None,
+            "share_id": self.share_id,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PreparedDevice:
+        return cls(
+            tuple(str(r) for r in d.get("requests", [])),
+            str(d["pool"]),
+            str(d["device"]),
+            tuple(str(c) for c in d.get("cdi_ids", [])),
+            MigIntent.from_json(d["mig"]) if d.get("mig") else None,
+            None if d.get("share_id") is None else str(d["share_id"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """A claim the plugin prepares (``prepared`` False while its devices are being made)."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    prepared: bool = False
+    since_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "devices": [d.to_json() for d in self.devices],
+            "prepared": self.prepared,
+            "since_s": self.since_s,
+        }
+
+    @classmethod
+    def from_json(cls, uid: str, d: dict[str, Any]) -> ClaimRecord:
+        return cls(
+            uid,
+            str(d["namespace"]),
+            str(d["name"]),
+            tuple(PreparedDevice.from_json(x) for x in d.get("devices", [])),
+            bool(d.get("prepared", False)),
+            float(d.get("since_s", 0.0)),
+        )
+
+
+@dataclass
+class Checkpoint:
+    """The claims in the file, kept in memory and written through on every change."""
+
+    path: Path
+    claims: dict[str, ClaimRecord] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        """Read ``path``; a missing file is empty, an unreadable one is set aside and logged."""
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            if raw.get("version") != VERSION:
+                raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
+            claims = {uid: ClaimRecord.from_json(uid, d) for uid, d in raw["claims"].items()}
+        except FileNotFoundError:
+            return cls(path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
+            path.replace(aside)
+            log.error("DRA checkpoint %s is unusable (%s); set aside as %s", path, exc, aside)
+            return cls(path)
+        return cls(path, claims)
+
+    def put(self, record: ClaimRecord) -> None:
+        """Record (or replace) a claim and write the file."""
+        self.claims[record.uid] = record
+        self._write()
+
+    def drop(self, uid: str) -> None:
+        """Forget a claim and write the file."""
+        if self.claims.pop(uid, None) is not None:
+            self._write()
+
+    def update_device(self, uid: str, index: int, device: PreparedDevice) -> None:
+        """Replace one device of a claim and write the file."""
+        record = self.claims[uid]
+        devices = list(record.devices)
+        devices[index] = device
+        self.put(replace(record, devices=tuple(devices)))
+
+    def intents(self) -> list[MigIntent]:
+        """Every MIG instance the plugin made or is making."""
+        return [d.mig for r in self.claims.values() for d in r.devices if d.mig is not None]
+
+    def _write(self) -> None:
+        write_json_atomic(
+            self.path,
+            {"version": VERSION, "claims": {u: r.to_json() for u, r in self.claims.items()}},
+        )
+
+
+def read_managed(state_dir: Path) -> frozenset[tuple[int, str, int]]:
+    """(GPU index, profile, start) of the MIG instances the plugin made (for ``dra slices``)."""
+    try:
+        raw = json.loads(checkpoint_path(state_dir).read_text(encoding="utf-8"))
+        return frozenset(
+            (int(d["mig"]["gpu"]), str(d["mig"]["profile"]), int(d["mig"]["start"]))
+            for c in raw["claims"].values()
+            for d in c.get("devices", [])
+            if d.get("mig")
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return frozenset()

@@ -1,0 +1,99 @@
+"""Sharing per claim: time-slicing or MPS, from the opaque parameters of a claim or its class.
+
+The shape is NVIDIA's (``GpuConfig`` / ``MigDeviceConfig`` with ``sharing.strategy``
+``TimeSlicing`` or ``MPS``), under API group ``resource.nodeagent.io/v1beta1``; NVIDIA's group
+``resource.nvidia.com/v1beta1`` is read the same, so claims written for NVIDIA's driver keep
+working. Configs apply in the allocation's order (class configs first, then the claim's), a
+later one winning for the requests it names (none named: every request).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+API_GROUPS = ("resource.nodeagent.io/v1beta1", "resource.nvidia.com/v1beta1")
+KINDS = ("GpuConfig", "MigDeviceConfig")
+STRATEGIES = ("TimeSlicing", "MPS")
+INTERVALS = ("Default", "Short", "Medium", "Long")
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+_MIB = {None: 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2,
+        "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20}  # fmt: skip
+
+
+class SharingError(ValueError):
+    """Opaque parameters this driver cannot honour (the claim's error says which)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """How the containers of one claim share a device."""
+
+    strategy: str  # TimeSlicing or MPS
+    interval: str = "Default"
+    active_thread_percentage: int | None = None
+    pinned_memory_limit_mib: int | None = None
+
+    @property
+    def mps(self) -> bool:
+        """Whether the device is shared through MPS."""
+        return self.strategy == "MPS"
+
+    @property
+    def env(self) -> tuple[str, ...]:
+        """What the containers are told of the sharing."""
+        return (f"NODEAGENT_SHARING={self.strategy}",)
+
+
+def _mib(text: Any) -> int:
+    match = _QUANTITY.match(str(text).strip())
+    if match is None:
+        raise SharingError(f"defaultPinnedDeviceMemoryLimit {text!r} is not a quantity like 10Gi")
+    return max(1, int(int(match.group(1)) * _MIB[match.group(2)]))
+
+
+def parse(parameters: Mapping[str, Any]) -> Share | None:
+    """The sharing of one opaque config; ``None`` when it asks for none."""
+    api, kind = parameters.get("apiVersion"), parameters.get("kind")
+    if api not in API_GROUPS:
+        raise SharingError(f"opaque parameters apiVersion {api!r}; use {API_GROUPS[0]}")
+    if kind not in KINDS:
+        raise SharingError(f"opaque parameters kind {kind!r}; use one of {', '.join(KINDS)}")
+    sharing = parameters.get("sharing")
+    if sharing is None:
+        return None
+    strategy = sharing.get("strategy")
+    if strategy not in STRATEGIES:
+        raise SharingError(f"sharing strategy {strategy!r}; use TimeSlicing or MPS")
+    if strategy == "TimeSlicing":
+        interval = (sharing.get("timeSlicingConfig") or {}).get("interval", "Default")
+        if interval not in INTERVALS:
+            raise SharingError(
+                f"timeSlicingConfig.interval {interval!r}; use {', '.join(INTERVALS)}"
+            )
+        return Share("TimeSlicing", interval=interval)
+    mps = sharing.get("mpsConfig") or {}
+    pct = mps.get("defaultActiveThreadPercentage")
+    if pct is not None and not (isinstance(pct, int) and 1 <= pct <= 100):
+        raise SharingError(f"mpsConfig.defaultActiveThreadPercentage {pct!r} must be 1..100")
+    limit = mps.get("defaultPinnedDeviceMemoryLimit")
+    return Share("MPS", active_thread_percentage=pct,
+                 pinned_memory_limit_mib=None if limit is None else _mib(limit))  # fmt: skip
+
+
+def sharing_for(allocation: Mapping[str, Any], driver: str) -> dict[str, Share]:
+    """Request name -> its sharing, from ``status.allocation.devices.config``; ``"*"`` is the
+    sharing of requests no config names."""
+    out: dict[str, Share] = {}
+    for entry in (allocation.get("devices") or {}).get("config") or []:
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        share = parse(opaque.get("parameters") or {})
+        if share is None:
+            continue
+        for request in entry.get("requests") or ["*"]:
+            out[request] = share
+    return out

@@ -1,0 +1,81 @@
+"""``nodeagent dra``: the DRA driver seen without a cluster."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+import yaml
+
+from nodeagent.cli.common import (
+    ConfigOption,
+    JsonOption,
+    SimulateOption,
+    StateDirOption,
+    emit_json,
+    load_config_or_exit,
+    open_node_or_exit,
+)
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def slices(
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+    config: ConfigOption = None,
+    dynamic_mig: Annotated[
+        bool | None,
+        typer.Option(
+            "--dynamic-mig/--no-dynamic-mig",
+            help="Offer every MIG placement (default: the pool's dra.dynamic_mig).",
+            show_default=False,
+        ),
+    ] = None,
+    node_name: Annotated[
+        str | None,
+        typer.Option("--node-name", help="The node (default: the config's node name)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the ResourceSlices the agent would publish for this node, exactly as sent.
+
+    YAML documents by default, a JSON list with --json. Devices the driver prepared (read from
+    its checkpoint in the agent's state directory) are shown as the agent shows them.
+    """
+    from nodeagent_dra.checkpoint import read_managed
+    from nodeagent_dra.slices import SliceSpec, build_slices
+
+    cfg = load_config_or_exit(config)
+    pool = cfg.pool
+    node = open_node_or_exit(simulate, state_dir)
+    try:
+        snapshot = node.snapshot()
+    finally:
+        node.close()
+    spec = SliceSpec(
+        node_name=node_name or cfg.node_name,
+        driver=cfg.dra.driver_name,
+        pool=cfg.node.pool,
+        dynamic_mig=pool.dra.dynamic_mig if dynamic_mig is None else dynamic_mig,
+        withdraw_stranding=pool.dra.withdraw_stranding,
+        managed=read_managed(cfg.state_dir),
+    )
+    published = build_slices(snapshot, spec).slices
+    if spec.dynamic_mig:
+        off = [
+            str(g.info.index)
+            for g in snapshot.gpus
+            if g.info.mig_capable and not g.info.mig_enabled
+        ]
+        if off:
+            sys.stderr.write(
+                f"note: MIG is off on GPU {', '.join(off)}: dynamic MIG offers placements only "
+                "where MIG is on (pool mig_layout all-enabled, or `nodeagent mig apply`)\n"
+            )
+    if as_json:
+        emit_json(list(published))
+    else:
+        sys.stdout.write(yaml.safe_dump_all(list(published), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Kubelet DRA plugin API (generated stubs)."""

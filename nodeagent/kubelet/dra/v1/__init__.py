@@ -1,0 +1,1 @@
+"""DRA plugin API v1 (``api_pb2`` and ``api_pb2_grpc`` are generated)."""

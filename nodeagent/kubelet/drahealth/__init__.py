@@ -1,0 +1,1 @@
+"""Kubelet DRA resource health API, KEP-4680 (generated stubs)."""

@@ -1,0 +1,1 @@
+"""Kubelet plugin registration API (generated stubs)."""
