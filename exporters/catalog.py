@@ -35,6 +35,7 @@ class MetricSpec:
 G, C = Kind.GAUGE, Kind.COUNTER
 _GPU = ("gpu", "uuid")
 _MIG = ("gpu", "uuid", "mig_profile", "mig_instance")
+_WORKLOAD = (*_MIG, "namespace", "pod", "container")
 
 _SPECS: tuple[MetricSpec, ...] = (
     # --- inventory and driver ---------------------------------------------------------------
@@ -486,6 +487,162 @@ _SPECS: tuple[MetricSpec, ...] = (
         "Age of the pod attribution at render time.",
         "device plugin",
     ),
+    MetricSpec(
+        "nodeagent_gpu_remediation_steps_total",
+        C,
+        (*_GPU, "step", "result"),
+        "1",
+        "Remediation steps run before a GPU whose fault cleared serves again "
+        "(pools.<pool>.remediation): step reset or validate, result passed, failed or skipped.",
+        "health",
+    ),
+    MetricSpec(
+        "nodeagent_gpu_validation_passed",
+        G,
+        _GPU,
+        "1",
+        "1 when the GPU's last validation (remediation.validate_command) passed, 0 when it "
+        "failed (the GPU stays withdrawn, reason 'validation failed').",
+        "health",
+    ),
+    # --- workloads on shared GPUs -----------------------------------------------------------
+    MetricSpec(
+        "nodeagent_gpu_unattributed_memory_used_bytes",
+        G,
+        _MIG,
+        "bytes",
+        "GPU memory used by processes no named pod is found for: host processes (the MPS "
+        "server, a job outside Kubernetes), and processes whose cgroup cannot be read on a "
+        "device several pods share.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_memory_used_bytes",
+        G,
+        _WORKLOAD,
+        "bytes",
+        "GPU memory the processes of one container use on one GPU or MIG device (NVML's "
+        "per-process used memory, summed).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_sm_share_ratio",
+        G,
+        _WORKLOAD,
+        "ratio",
+        "Share of the GPU's time the container's kernels ran on it since the last sample (sum "
+        "of its processes' NVML SM utilization samples). Absent where NVML keeps no "
+        "per-process samples (MIG devices, GPUs with MIG on).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_processes",
+        G,
+        _WORKLOAD,
+        "1",
+        "Compute processes of one container on one GPU or MIG device.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_fair_share_ratio",
+        G,
+        _WORKLOAD,
+        "ratio",
+        "The container's fair share of a device that several workloads share (1/workloads); "
+        "compare nodeagent_workload_gpu_sm_share_ratio. Absent on a device one workload uses.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_workloads",
+        G,
+        _MIG,
+        "1",
+        "Workloads (containers) with processes on a GPU or MIG device that two or more share; "
+        "the shared_gpu series exist only for such devices.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_interference_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "Noisy-neighbour signal of a shared device: the largest of its starvation ratio, its "
+        "memory pressure above 0.8 (scaled so a full device is 1) and 1 while its clocks are "
+        "throttled. 0 is quiet.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_starvation_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "How far the worst-served workload of a saturated shared device (utilization 0.9 or "
+        "more) falls below its fair share: (fair - share) / fair; 0 while the device has room "
+        "to spare. Absent where NVML keeps no per-process samples (MIG).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_memory_pressure_ratio",
+        G,
+        _MIG,
+        "ratio",
+        "Used over total memory of a shared device (a MIG device: its profile's memory).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_throttled",
+        G,
+        _MIG,
+        "1",
+        "1 while a shared device's GPU has its clocks held down by power or heat "
+        "(sw_power_cap, hw_slowdown, sw/hw thermal slowdown, power brake), else 0.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_probe_duration_seconds",
+        G,
+        _MIG,
+        "seconds",
+        "How long the last canary probe (metrics.probe, off by default) took on a shared "
+        "device; it competes for the device as the workloads do, so its rise is what a "
+        "neighbour costs.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_probe_up",
+        G,
+        _MIG,
+        "1",
+        "1 when the last canary probe on a shared device exited 0 within its timeout, else 0.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_shared_gpu_probe_failures_total",
+        C,
+        _MIG,
+        "1",
+        "Canary probe runs on a device that failed (non-zero exit, timeout, could not start).",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_gpu_xid_errors_total",
+        C,
+        (*_WORKLOAD, "xid"),
+        "1",
+        "Application-class XIDs (13, 31, 43, 45, 68: the program's fault, not the GPU's) on "
+        "a device while the container ran there; each also records a GPUApplicationXID "
+        "Event on the pod.",
+        "workloads",
+    ),
+    MetricSpec(
+        "nodeagent_workload_series_dropped",
+        G,
+        (),
+        "1",
+        "Workload rows left out of this render because metrics.max_workload_series was "
+        "reached (the largest memory users are kept).",
+        "workloads",
+    ),
     # --- the agent itself -------------------------------------------------------------------
     MetricSpec(
         "nodeagent_sample_duration_seconds",
@@ -576,6 +733,13 @@ def markdown() -> str:
         "instance ID). There is no hostname label: Prometheus adds `instance`.",
         "",
         "A test fails when the exporter emits a metric that is missing here.",
+        "",
+        "Label cardinality of the workloads group: one series per (device, container) with a",
+        "compute process on it. A device has as many containers as its sharing replicas at",
+        "most (time-slicing or MPS replicas, 1 for an exclusive GPU or a MIG device), so a node",
+        "has at most the sum of its advertised devices; `metrics.max_workload_series` (default",
+        "1000) caps it regardless, and `nodeagent_workload_series_dropped` says when it bites.",
+        "No PID, process name or pod UID becomes a label.",
     ]
     groups: dict[str, list[MetricSpec]] = {}
     for s in _SPECS:

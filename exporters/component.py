@@ -8,12 +8,16 @@ from collections.abc import Callable, Mapping
 
 from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
+from nodeagent.kube.node import KubeUnavailableError, make_api
+from nodeagent.kube.pods import PodIndexPoller
 from nodeagent.runtime.devices import PublishedDevices
 from nodeagent.runtime.health import HealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotFeed
+from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
-from nodeagent_exporters.render import Rendered, Renderer, Sources
+from nodeagent_exporters.probe import ProbeRunner
+from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources, StepCounts
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -42,8 +46,13 @@ class MetricsExporter:
         poller: PodResourcesPoller | None = None,
         mig_status: Callable[[], MigLayoutStatus | None] | None = None,
         started_at_s: float | None = None,
+        pod_index: PodIndexPoller | None = None,
+        app_xids: AppXids | None = None,
+        remediation_steps: StepCounts | None = None,
+        validations: Callable[[], Mapping[str, bool]] | None = None,
     ) -> None:
         self.config = config
+        self.pod_index = pod_index
         self.snapshots = snapshots
         self.devices = devices
         self.poller = poller
@@ -64,8 +73,18 @@ class MetricsExporter:
                 pool=lambda: self.config.node.pool,
                 mig=mig_status or (lambda: None),
                 started_at_s=started_at_s,
+                cgroups=CgroupReader(cfg.proc_root) if cfg.process_attribution else None,
+                pod_index=lambda: self.pod_index.latest if self.pod_index else None,
+                max_workload_series=cfg.max_workload_series,
+                probe=lambda: self.probe,
+                app_xids=app_xids or dict,
+                remediation_steps=remediation_steps or dict,
+                validations=validations or dict,
             )
         )
+        self.probe: ProbeRunner | None = None
+        if cfg.probe.enabled:
+            self.probe = ProbeRunner(cfg.probe, lambda: [d.device for d in self.renderer.shared])
         self.latest: Rendered | None = None
         self.server: MetricsServer | None = None
         self._prepared: MetricsServer | None = None
@@ -100,6 +119,17 @@ class MetricsExporter:
         if capacity.mig_fragmentation_mean is not None:
             # Two decimals: finer changes are noise and would patch the node on every render.
             out[labels.FRAGMENTATION_ANNOTATION] = f"{capacity.mig_fragmentation_mean:.2f}"
+        return out
+
+    def shared_gpus(self) -> dict[str, tuple[float, int]]:
+        """GPU UUID -> (interference, workloads) of its worst shared device, last render."""
+        out: dict[str, tuple[float, int]] = {}
+        for d in self.renderer.shared:
+            ratio, count = out.get(d.device.gpu_uuid, (-1.0, 0))
+            if d.interference_ratio > ratio:
+                out[d.device.gpu_uuid] = (d.interference_ratio, max(count, len(d.workloads)))
+            else:
+                out[d.device.gpu_uuid] = (ratio, max(count, len(d.workloads)))
         return out
 
     def live_check(self) -> bool:
@@ -141,15 +171,23 @@ class MetricsExporter:
         """Serve until ``stop``; the HTTP server and the poller stop with it."""
         unsubscribe = self.snapshots.subscribe(lambda _snapshot: self._wake.set())
         poller_stop = threading.Event()
-        poller_thread = None
-        if self.poller is not None:
-            poller_thread = threading.Thread(
+        threads = []
+        loops = (
+            (self.poller, "podresources"),
+            (self.pod_index, "pod-index"),
+            (self.probe, "probe"),
+        )
+        for poller, name in loops:
+            if poller is None:
+                continue
+            thread = threading.Thread(
                 target=self._run_poller,
-                args=(poller_stop,),
-                name="nodeagent-podresources",
+                args=(poller, poller_stop),
+                name=f"nodeagent-{name}",
                 daemon=True,
             )
-            poller_thread.start()
+            thread.start()
+            threads.append(thread)
         # The port bound by prepare() at start; after a crash and restart, bound again here.
         server, self._prepared = self._prepared, None
         if server is None:
@@ -169,18 +207,19 @@ class MetricsExporter:
             self.server = None
             server.stop()
             poller_stop.set()
-            if poller_thread is not None:
-                poller_thread.join(timeout=5)
+            for thread in threads:
+                thread.join(timeout=5)
 
-    def _run_poller(self, stop: threading.Event) -> None:
-        assert self.poller is not None
+    def _run_poller(
+        self, poller: PodResourcesPoller | PodIndexPoller | ProbeRunner, stop: threading.Event
+    ) -> None:
         while not stop.is_set():
             try:
-                self.poller.run(stop)
+                poller.run(stop)
             except Exception:
                 # The poller is not a supervised component of its own; keep attribution alive
                 # without taking the metrics server down with it.
-                log.exception("pod-resources poller crashed; restarting in 5s")
+                log.exception("%s poller crashed; restarting in 5s", type(poller).__name__)
                 stop.wait(5.0)
 
 
@@ -195,6 +234,9 @@ def build(
     live_check: Callable[[], bool] | None = None,
     mig_status: Callable[[], MigLayoutStatus | None] | None = None,
     started_at_s: float | None = None,
+    app_xids: AppXids | None = None,
+    remediation_steps: StepCounts | None = None,
+    validations: Callable[[], Mapping[str, bool]] | None = None,
 ) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
     cfg = config.metrics
@@ -203,6 +245,20 @@ def build(
     poller = None
     if cfg.pod_attribution:
         poller = PodResourcesPoller(cfg.pod_resources_socket, cfg.pod_resources_interval_s)
+    pod_index = None
+    kube = config.kubernetes
+    if cfg.process_attribution and kube.enabled:
+        try:
+            api = make_api(kube)
+        except KubeUnavailableError as exc:
+            log.warning("process attribution without pod names from the API server: %s", exc)
+        else:
+            pod_index = PodIndexPoller(
+                api,
+                config.node_name,
+                cfg.pod_resources_interval_s,
+                request_timeout_s=kube.request_timeout_s,
+            )
     return MetricsExporter(
         config,
         snapshots,
@@ -214,6 +270,10 @@ def build(
         poller=poller,
         mig_status=mig_status,
         started_at_s=started_at_s,
+        pod_index=pod_index,
+        app_xids=app_xids,
+        remediation_steps=remediation_steps,
+        validations=validations,
     )
 
 

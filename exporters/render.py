@@ -23,8 +23,21 @@ from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
+from nodeagent.workloads import (
+    AttributedProcess,
+    CgroupReader,
+    Device,
+    PodIndex,
+    SharedDevice,
+    Workload,
+    WorkloadUsage,
+    attribute,
+    shared_devices,
+    usage_by_workload,
+)
 from nodeagent_exporters.catalog import Kind, spec
-from nodeagent_exporters.podresources import Allocations
+from nodeagent_exporters.podresources import Allocations, PodDevice
+from nodeagent_exporters.probe import ProbeRunner
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +191,81 @@ class Sources:
     # The MIG reconciler's last round; None when the agent manages no layout.
     mig: Callable[[], MigLayoutStatus | None] = lambda: None
     started_at_s: float | None = None  # when the agent started (counters restart then)
+    # Process attribution: the cgroup reader (None: off) and the pods of this node.
+    cgroups: CgroupReader | None = None
+    pod_index: Callable[[], PodIndex | None] = lambda: None
+    max_workload_series: int = 1000
+    probe: Callable[[], ProbeRunner | None] = lambda: None
+    # Application XIDs by (device, workload, code), from the health feature's attributor.
+    app_xids: AppXids = dict
+    # Remediation steps by (GPU index, UUID, step, result), and whether each GPU's last
+    # validation passed (UUID -> bool), from the health feature's validator.
+    remediation_steps: StepCounts = dict
+    validations: Callable[[], Mapping[str, bool]] = dict
+
+
+AppXids = Callable[[], Mapping[tuple[Device, Workload, int], int]]
+StepCounts = Callable[[], Mapping[tuple[int, str, str, str], int]]
+
+
+def _opt_flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _device_labels(d: Device) -> tuple[str, str, str, str]:
+    """gpu, uuid (the GPU's, as on every MIG metric), mig_profile, mig_instance."""
+    instance = "" if d.mig_instance is None else str(d.mig_instance)
+    return (str(d.gpu_index), d.gpu_uuid, d.mig_profile or "", instance)
+
+
+@dataclass(frozen=True, slots=True)
+class _WorkloadView:
+    """What one set of inputs gives: attributed processes, rows, shared devices."""
+
+    key: object
+    processes: tuple[AttributedProcess, ...]
+    unattributed: tuple[tuple[tuple[str, str, str, str], int], ...]
+    rows: tuple[WorkloadUsage, ...]
+    dropped: int
+    shared: tuple[SharedDevice, ...]
+
+
+def _workload_view(
+    key: object,
+    snap: NodeSnapshot,
+    holders: Sequence[PodDevice],
+    cgroups: CgroupReader,
+    index: PodIndex | None,
+    cap: int,
+) -> _WorkloadView:
+    processes = attribute(snap, holders, cgroups, index)
+    cgroups.retain(p.process.pid for p in processes)
+    # Every device that answered gets a series, so "nothing unattributed" reads 0.
+    per_device: dict[tuple[str, str, str, str], int] = {}
+    for g in snap.gpus:
+        if g.telemetry is None:
+            continue
+        if not g.info.mig_enabled:
+            per_device[(str(g.info.index), g.info.uuid, "", "")] = 0
+        for gi in g.mig_instances:
+            per_device[(str(g.info.index), g.info.uuid, gi.profile, str(gi.instance_id))] = 0
+    for p in processes:
+        if p.workload is None or not p.workload.named:
+            ids = _device_labels(p.device)
+            per_device[ids] = per_device.get(ids, 0) + (p.process.used_memory_bytes or 0)
+    rows = usage_by_workload(processes)
+    kept = rows
+    if len(rows) > cap:
+        biggest = set(sorted(rows, key=lambda r: -r.memory_used_bytes)[:cap])
+        kept = tuple(r for r in rows if r in biggest)
+    return _WorkloadView(
+        key,
+        processes,
+        tuple(sorted(per_device.items())),
+        kept,
+        len(rows) - len(kept),
+        shared_devices(snap, processes),
+    )
 
 
 class Renderer:
@@ -192,6 +280,10 @@ class Renderer:
         self._python = platform.python_version()
         self.renders = 0
         self._cache = _FamilyCache()
+        # The processes of the last render with their pods (read by the CLI and the tests).
+        self.processes: tuple[AttributedProcess, ...] = ()
+        self.shared: tuple[SharedDevice, ...] = ()  # devices several workloads use
+        self._workload_view: _WorkloadView | None = None
 
     def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
         """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
@@ -245,6 +337,8 @@ class Renderer:
         self._xids_and_stability(f, snap, health_source)
         self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
+        self._workloads(f, snap, allocations)
+        self._remediation(f, snap)
         self._agent(f, snap)
         return NodeCapacity(
             mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
@@ -460,6 +554,73 @@ class Renderer:
                 gpu, profile, instance = str(owner.info.index), gi.profile, str(gi.instance_id)
             labels = (d.resource, gpu, d.uuid, profile, instance, d.pod, d.namespace, d.container)
             f.add("nodeagent_device_plugin_pod_devices", labels, d.count)
+
+    def _workloads(self, f: _Families, snap: NodeSnapshot, allocations: Allocations | None) -> None:
+        """Usage per (device, container), and what no pod is found for; see nodeagent.workloads."""
+        cgroups = self.sources.cgroups
+        if cgroups is None:
+            self.processes = ()
+            self.shared = ()
+            return
+        holders = allocations.pod_devices if allocations is not None else ()
+        index = self.sources.pod_index()
+        cap = self.sources.max_workload_series
+        # The inputs of the workload view: an unchanged node (a MIG node's processes hold
+        # still) is not attributed again.
+        gpus = tuple(
+            (g.info.index, g.mig_instances, t.processes, t.utilization_gpu_ratio,
+             t.memory_used_bytes, t.clock_event_reasons)  # what attribution and interference read
+            for g in snap.gpus
+            if (t := g.telemetry) is not None
+        )  # fmt: skip
+        key = (gpus, holders, index, cap)
+        view = self._workload_view
+        if view is None or view.key != key:
+            view = _workload_view(key, snap, holders, cgroups, index, cap)
+            self._workload_view = view
+        self.processes = view.processes
+        self.shared = view.shared
+        for ids, unattributed in view.unattributed:
+            f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
+        f.add("nodeagent_workload_series_dropped", (), view.dropped)
+        for r in view.rows:
+            w = r.workload
+            labels = (*_device_labels(r.device), w.namespace, w.pod, w.container)
+            f.add("nodeagent_workload_gpu_memory_used_bytes", labels, r.memory_used_bytes)
+            f.add("nodeagent_workload_gpu_processes", labels, r.processes)
+            if r.sm_share_ratio is not None:
+                f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
+        for d in view.shared:
+            ids = _device_labels(d.device)
+            f.add("nodeagent_shared_gpu_workloads", ids, len(d.workloads))
+            f.add("nodeagent_shared_gpu_interference_ratio", ids, d.interference_ratio)
+            f.add("nodeagent_shared_gpu_starvation_ratio", ids, d.starvation_ratio)
+            f.add("nodeagent_shared_gpu_memory_pressure_ratio", ids, d.memory_pressure_ratio)
+            f.add("nodeagent_shared_gpu_throttled", ids, _opt_flag(d.throttled))
+            for w in d.workloads:
+                if w.named:
+                    labels = (*ids, w.namespace, w.pod, w.container)
+                    f.add("nodeagent_workload_gpu_fair_share_ratio", labels, d.fair_share_ratio)
+        for (device, w, xid), count in sorted(
+            self.sources.app_xids().items(), key=lambda kv: (kv[0][0].uuid, kv[0][1].pod, kv[0][2])
+        ):
+            xid_labels = (*_device_labels(device), w.namespace, w.pod, w.container, str(xid))
+            f.add("nodeagent_workload_gpu_xid_errors_total", xid_labels, count)
+        probe = self.sources.probe()
+        if probe is not None:
+            failures = probe.failures()
+            for device, result in sorted(probe.results().items(), key=lambda kv: kv[0].uuid):
+                ids = _device_labels(device)
+                f.add("nodeagent_shared_gpu_probe_duration_seconds", ids, result.duration_s)
+                f.add("nodeagent_shared_gpu_probe_up", ids, float(result.ok))
+                f.add("nodeagent_shared_gpu_probe_failures_total", ids, failures.get(device, 0))
+
+    def _remediation(self, f: _Families, snap: NodeSnapshot) -> None:
+        for (gpu, uuid, step, result), count in sorted(self.sources.remediation_steps().items()):
+            f.add("nodeagent_gpu_remediation_steps_total", (str(gpu), uuid, step, result), count)
+        index = {g.info.uuid: str(g.info.index) for g in snap.gpus}
+        for uuid, passed in sorted(self.sources.validations().items()):
+            f.add("nodeagent_gpu_validation_passed", (index.get(uuid, ""), uuid), float(passed))
 
     def _agent(self, f: _Families, snap: NodeSnapshot) -> None:
         f.add("nodeagent_sample_duration_seconds", (), snap.sample_duration_s)

@@ -66,6 +66,8 @@ UNSTABLE_TAINT = PREFIX + "unstable"  # NoSchedule, with health.taint_unstable
 
 # The tiering service's own: its drain record, its lease annotation, its quarantine taint.
 DRAIN_ANNOTATION = PREFIX + "drain"  # JSON progress of a drain (read back by a new leader)
+# JSON progress of single-GPU remediations on a node: the pods of one faulty GPU evicted.
+GPU_REMEDIATION_ANNOTATION = PREFIX + "gpu-remediation"
 BREAKER_ANNOTATION = PREFIX + "circuit-breaker"  # on the service's Lease
 QUARANTINE_TAINT = PREFIX + "quarantine"  # the default drain.taint_key
 

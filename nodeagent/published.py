@@ -14,7 +14,9 @@ compact JSON (about 1.9 kB for an 8x H100 node split into 56 ``1g.10gb`` instanc
      "models": {"NVIDIA H100 80GB HBM3": {"s": 8, "p": [["3g.40gb", 4, 3, 2, [0, 4]], ...]}},
      "gpus": [{"i": 0, "m": "NVIDIA H100 80GB HBM3", "h": "healthy", "nv": 0, "numa": 0,
                "mig": [["1g.10gb", 0, 1, "b"], ...],   # profile, start, size, flags
-               "b": true, "a": "team-a/train-0"}]}      # whole GPU: busy, holder
+               "b": true, "a": "team-a/train-0",       # whole GPU: busy, holder
+               "ps": ["team-a/train-0"],               # every pod holding it or its MIG devices
+               "if": 0.42, "sw": 3}]}                  # shared: interference, workloads
 
 - ``models``: per GPU model with MIG enabled on some GPU, its memory slices (``s``) and its
   profiles as ``[name, memory slices, compute slices, max count, [legal starts]]``;
@@ -32,13 +34,13 @@ An unknown version is an error for the reader (:class:`PublishedError`), never a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from nodeagent.capacity import memory_slices_of, nvlink_islands
-from nodeagent.gpu.types import MigGeometry, MigProfile, NodeSnapshot, Placement
+from nodeagent.gpu.types import GpuState, MigGeometry, MigProfile, NodeSnapshot, Placement
 
 VERSION = 1
 SCHEDULABLE = frozenset({"healthy", "degraded"})  # the device plugin advertises these Healthy
@@ -76,6 +78,13 @@ class PublishedGpu:
     mig: tuple[PublishedInstance, ...] | None = None  # None while MIG is disabled
     busy: bool = False  # whole GPU: processes run on it
     holder: str | None = None  # whole GPU: "namespace/pod" holding it (pod-resources)
+    # Every "namespace/pod" holding the GPU or one of its MIG devices (replicas of a shared
+    # GPU included): the pods a remediation of this one GPU evicts (pod-resources).
+    pods: tuple[str, ...] = ()
+    # Shared GPU (two or more workloads on it or one of its MIG devices): the worst device's
+    # interference ratio and its workload count (see docs/sharing.md); None when not shared.
+    interference: float | None = None
+    shared_workloads: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -100,12 +109,16 @@ def publish(
     snapshot: NodeSnapshot,
     health: Mapping[str, str] | None = None,
     allocations: Mapping[str, str] | None = None,
+    pods: Mapping[str, Sequence[str]] | None = None,
+    shared: Mapping[str, tuple[float, int]] | None = None,
 ) -> PublishedNode:
     """The published view of ``snapshot``.
 
     ``health`` maps a GPU UUID to its health state (absent GPUs count as healthy unless lost);
     ``allocations`` maps device UUIDs (``GPU-...`` and ``MIG-...``) to the ``namespace/pod``
-    holding them, or is ``None`` when the kubelet's pod-resources API is not read.
+    holding them, or is ``None`` when the kubelet's pod-resources API is not read; ``pods``
+    maps a device UUID to every pod holding it (several on a shared GPU); ``shared`` maps a GPU
+    UUID to (interference ratio, workloads) of its worst shared device.
     """
     health = health or {}
     indices = [g.info.index for g in snapshot.gpus]
@@ -141,9 +154,18 @@ def publish(
                 mig=mig,
                 busy=mig is None and bool(processes),
                 holder=(allocations or {}).get(info.uuid) if mig is None else None,
+                pods=_pods_of(gpu, pods or {}),
+                interference=(shared or {}).get(info.uuid, (None, 0))[0],
+                shared_workloads=(shared or {}).get(info.uuid, (None, 0))[1],
             )
         )
     return PublishedNode(tuple(gpus), geometries, allocations is not None)
+
+
+def _pods_of(gpu: GpuState, pods: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    uuids = [gpu.info.uuid]
+    uuids += [ci.uuid for gi in gpu.mig_instances for ci in gi.compute_instances]
+    return tuple(sorted({p for uuid in uuids for p in pods.get(uuid, ())}))
 
 
 # --- the wire format ----------------------------------------------------------------------------
@@ -167,6 +189,11 @@ def _encode_gpu(g: PublishedGpu) -> dict[str, Any]:
         out["b"] = True
     if g.holder is not None:
         out["a"] = g.holder
+    if g.pods:
+        out["ps"] = list(g.pods)
+    if g.interference is not None:
+        out["if"] = round(g.interference, 2)  # finer changes are noise: no patch for them
+        out["sw"] = g.shared_workloads
     return out
 
 
@@ -263,6 +290,9 @@ def _decode_gpu(raw: Any) -> PublishedGpu:
         mig = tuple(items)
     numa = raw.get("numa")
     holder = raw.get("a")
+    pods = raw.get("ps", [])
+    if not isinstance(pods, list):
+        raise PublishedError(f"gpus.{raw.get('i')}.ps: expected a list of namespace/pod")
     return PublishedGpu(
         index=_int(raw.get("i"), "gpus.i"),
         model=str(raw.get("m", "")),
@@ -272,6 +302,9 @@ def _decode_gpu(raw: Any) -> PublishedGpu:
         mig=mig,
         busy=bool(raw.get("b", False)),
         holder=str(holder) if holder is not None else None,
+        pods=tuple(str(p) for p in pods),
+        interference=float(raw["if"]) if raw.get("if") is not None else None,
+        shared_workloads=_int(raw.get("sw", 0), "gpus.sw"),
     )
 
 

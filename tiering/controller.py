@@ -17,6 +17,7 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent.runtime.backoff import Backoff
+from nodeagent_tiering import gpu_remediation
 from nodeagent_tiering.clock import Clock
 from nodeagent_tiering.informer import NodeCache
 from nodeagent_tiering.kube import Kube, KubeError, ObjectRef
@@ -34,7 +35,7 @@ from nodeagent_tiering.planner import (
     StepDrain,
     plan,
 )
-from nodeagent_tiering.policy import Stability, TierPolicy
+from nodeagent_tiering.policy import Stability, TierPolicy, resolve
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,9 @@ class Controller:
         if self.elector is not None:
             self.breaker = self.elector.breaker
         nodes = [NodeView.from_object(o) for o in self.cache.snapshot()]
+        remediation = self.policy.gpu_remediation
+        if remediation.enabled:
+            nodes = [gpu_remediation.as_planned(n, remediation.max_gpus) for n in nodes]
         self._track_instability(nodes, now)
         last = self._last_drain_start
         for n in nodes:
@@ -142,6 +146,12 @@ class Controller:
             except KubeError as exc:
                 self.metrics.reconcile_errors.inc()
                 log.warning("%s on %s failed: %s", type(action).__name__, action.node, exc)
+        if remediation.enabled:
+            try:
+                self._remediate_gpus(nodes, now)
+            except KubeError as exc:
+                self.metrics.reconcile_errors.inc()
+                log.warning("GPU remediation failed: %s", exc)
         self.metrics.observe_plan(result)
         self.metrics.deferred.set(deferred)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
@@ -351,6 +361,131 @@ class Controller:
         if evicted or blocked or updated.phase != record.phase or remaining != record.remaining:
             patch = {"metadata": {"annotations": {DRAIN_ANNOTATION: updated.to_json()}}}
             self._write(node, patch, "record drain progress", guard=False)
+
+    # single-GPU remediation
+
+    def _remediate_gpus(self, nodes: list[NodeView], now: float) -> None:
+        """Evict the pods of faulty GPUs on otherwise fine nodes (see gpu_remediation)."""
+        max_gpus = self.policy.gpu_remediation.max_gpus
+        busy = gpu_remediation.in_progress(nodes) + sum(
+            1 for n in nodes if n.drain is not None and n.drain.phase is Phase.DRAINING
+        )
+        allowed = self.policy.budget.max_draining
+        limit = resolve(allowed, len(nodes), round_up=False)
+        if isinstance(allowed, str) and float(allowed[:-1]) > 0:
+            limit = max(1, limit)  # as for drains: a percentage allows at least one
+        for node in nodes:
+            records = gpu_remediation.read_records(node)
+            faulty = (
+                {g.index: g for g in gpu_remediation.faulty_gpus(node)}
+                if gpu_remediation.eligible(node, max_gpus)
+                else {}
+            )
+            updated = dict(records)
+            for index in [i for i in records if i not in faulty]:
+                # Healthy again (or the node is drained as a whole now): forget it.
+                del updated[index]
+                self.metrics.gpu_remediations.labels(result="cleared").inc()
+                log.info("GPU %d of %s: remediation record cleared", index, node.name)
+            for index, gpu in sorted(faulty.items()):
+                record = updated.get(index)
+                if record is not None and record.done:
+                    continue
+                if record is None:
+                    if self.breaker.open or busy >= limit:
+                        why = (
+                            f"circuit breaker open: {self.breaker.reason}"
+                            if self.breaker.open
+                            else f"{busy} of {limit} disruptions already running"
+                        )
+                        self._defer(node, f"gpu-remediation: GPU {index}: {why}", now)
+                        self.metrics.gpu_remediations.labels(result="deferred").inc()
+                        continue
+                    if self.dry_run:
+                        self.dry_log.add(
+                            f"evict the pods of GPU {index} on node {node.name}: "
+                            + (", ".join(gpu.pods) or "none")
+                        )
+                        continue
+                    if not self.may_act():
+                        return
+                    busy += 1
+                    record = gpu_remediation.GpuRecord(started_s=now)
+                    pods = ", ".join(gpu.pods) or "none"
+                    self._gpu_step(
+                        node.name,
+                        "started",
+                        "GPURemediationStarted",
+                        f"GPU {index} is {gpu.health}: evicting only its pods ({pods}); the "
+                        "node stays in service",
+                        now,
+                    )
+                if self.dry_run or not self.may_act():
+                    continue
+                updated[index] = self._evict_gpu_pods(node, index, gpu.pods, record, now)
+            if updated != records:
+                value = gpu_remediation.encode_records(updated)
+                patch = {"metadata": {"annotations": {lbl.GPU_REMEDIATION_ANNOTATION: value}}}
+                self._write(node, patch, "record GPU remediation", guard=False)
+
+    def _gpu_step(
+        self, node: str, result: str, reason: str, message: str, now: float, *, warning: bool = True
+    ) -> None:
+        """One remediation step: logged, counted and recorded as an Event on the node."""
+        self.metrics.gpu_remediations.labels(result=result).inc()
+        log.info("node %s: %s", node, message)
+        self._event(node, reason, message, now, warning)
+
+    def _evict_gpu_pods(
+        self,
+        node: NodeView,
+        index: int,
+        held: tuple[str, ...],
+        record: gpu_remediation.GpuRecord,
+        now: float,
+    ) -> gpu_remediation.GpuRecord:
+        on_node = {
+            f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}": p
+            for p in self.kube.pods_on_node(node.name)
+            if self._evictable(p)
+        }
+        evicted = blocked = remaining = 0
+        for key in held:
+            pod = on_node.get(key)
+            if pod is None:
+                continue  # gone already (or never on this node)
+            if pod["metadata"].get("deletionTimestamp"):
+                remaining += 1
+                continue
+            namespace, name = key.split("/", 1)
+            result = self.kube.evict(namespace, name, self._grace(pod))
+            self.metrics.evictions.labels(result=result.outcome).inc()
+            if result.outcome in ("evicted", "gone"):
+                evicted += 1
+            elif result.outcome == "blocked":
+                blocked += 1
+                remaining += 1
+                self.metrics.evictions_blocked.inc()
+                log.info("eviction of %s (GPU %d of %s) refused by its PodDisruptionBudget; "
+                         "retried next pass", key, index, node.name)  # fmt: skip
+            else:
+                remaining += 1
+                log.warning("eviction of %s failed: %s", key, result.message)
+        updated = record.with_(
+            evicted=record.evicted + evicted, blocked=record.blocked + blocked, remaining=remaining
+        )
+        if remaining == 0:
+            updated = updated.with_(done=True)
+            self._gpu_step(
+                node.name,
+                "succeeded",
+                "GPURemediationSucceeded",
+                f"GPU {index}: {updated.evicted} pods evicted, {updated.blocked} PDB refusals; "
+                "the agent returns the GPU once it is healthy",
+                now,
+                warning=False,
+            )
+        return updated
 
     def _grace(self, pod: dict[str, Any]) -> int:
         own = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")

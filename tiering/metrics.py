@@ -47,6 +47,13 @@ class TieringMetrics:
             ["result"],
             registry=r,
         )
+        self.gpu_remediations = Counter(
+            "nodeagent_tiering_gpu_remediations_total",
+            "Single-GPU remediations (only that GPU's pods evicted) by outcome: started, "
+            "succeeded, deferred (budget or breaker), cleared (the GPU healthy again).",
+            ["result"],
+            registry=r,
+        )
         self.evictions_blocked = Counter(
             "nodeagent_tiering_evictions_blocked_total",
             "Evictions refused by a PodDisruptionBudget (HTTP 429), retried with backoff.",

@@ -229,6 +229,20 @@ def _gpu_nodes() -> Selector:
     return Selector(match_expressions=(Requirement(key=lbl.STABILITY, operator=Operator.EXISTS),))
 
 
+class GpuRemediationPolicy(Schema):
+    """Remediation of one GPU: evict only its pods instead of draining the node (off by default)."""
+
+    enabled: bool = Field(
+        False, description="evict the pods of a GPU published unhealthy on an otherwise fine node"
+    )
+    max_gpus: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="a node with more faulty GPUs than this is drained as a whole instead",
+    )
+
+
 class TierPolicy(Schema):
     """The whole policy file."""
 
@@ -248,6 +262,7 @@ class TierPolicy(Schema):
     budget: BudgetPolicy = Field(default_factory=BudgetPolicy)
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     drain: DrainPolicy = Field(default_factory=DrainPolicy)
+    gpu_remediation: GpuRemediationPolicy = Field(default_factory=GpuRemediationPolicy)
     pending: PendingPolicy = Field(default_factory=PendingPolicy)
     # The floor keeps the service's API traffic low: changes trigger a pass anyway.
     resync_s: float = Field(

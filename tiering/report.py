@@ -104,7 +104,10 @@ class ReviewSection(Protocol):
     :attr:`Review.sections`: it appears under ``key`` in ``--json``, as tables after the tier
     table in the text output, and before the details in the HTML page."""
 
-    key: str
+    @property
+    def key(self) -> str:
+        """Its key in ``--json``."""
+        ...
 
     def to_json(self) -> dict[str, Any]:
         """Its plain data."""

@@ -60,6 +60,7 @@ from nodeagent_tiering.report import (
     cause_key,
     instant_query,
 )
+from nodeagent_tiering.review_sharing import sharing_section
 
 JSON = dict[str, Any]
 
@@ -763,10 +764,11 @@ def build_pool_review(
     usage: PromUsage | None = None,
     usage_source: str = "not queried (no --prometheus)",
 ) -> Review:
-    """The tier review of what :func:`read_inputs` read, with the quota section appended:
+    """The tier review of what :func:`read_inputs` read, with the quota and shared-GPU sections:
     ``prometheus`` are the tier review's instant values, ``usage`` the quota section's."""
+    nodes = [NodeView.from_object(o) for o in inputs.nodes]
     review = build_review(
-        [NodeView.from_object(o) for o in inputs.nodes],
+        nodes,
         inputs.events,
         policy=policy,
         now_s=inputs.now_s,
@@ -778,6 +780,7 @@ def build_pool_review(
             inputs, policy=quota, flavors=flavors, prometheus=usage, prometheus_source=usage_source
         )
     )
+    review.sections.append(sharing_section(nodes))
     return review
 
 

@@ -23,6 +23,18 @@ def holders(allocations: Allocations | None) -> dict[str, str] | None:
     return {d.uuid: f"{d.namespace}/{d.pod}" for d in allocations.pod_devices}
 
 
+def pods_by_device(allocations: Allocations | None) -> dict[str, list[str]] | None:
+    """Device UUID -> every ``namespace/pod`` holding it (several on a shared GPU)."""
+    if allocations is None or not allocations.known:
+        return None
+    out: dict[str, list[str]] = {}
+    for d in allocations.pod_devices:
+        pod = f"{d.namespace}/{d.pod}"
+        if pod not in out.setdefault(d.uuid, []):
+            out[d.uuid].append(pod)
+    return out
+
+
 class GpuStateAnnotation:
     """Provider for the health reporter: ``{GPU_STATE_ANNOTATION: json}``, empty before a sample."""
 
@@ -31,8 +43,10 @@ class GpuStateAnnotation:
         snapshots: SnapshotFeed,
         health: HealthSource | None = None,
         allocations: Callable[[], Allocations | None] | None = None,
+        shared: Callable[[], Mapping[str, tuple[float, int]]] | None = None,
     ) -> None:
         self._snapshots = snapshots
+        self._shared = shared
         self._health = health
         self._allocations = allocations
 
@@ -44,6 +58,12 @@ class GpuStateAnnotation:
         states = {}
         if self._health is not None:
             states = {uuid: d.state.value for uuid, d in self._health.device_health().items()}
-        held = holders(self._allocations() if self._allocations is not None else None)
-        node = published.publish(snapshot, states, held)
+        allocations = self._allocations() if self._allocations is not None else None
+        node = published.publish(
+            snapshot,
+            states,
+            holders(allocations),
+            pods_by_device(allocations),
+            self._shared() if self._shared is not None else None,
+        )
         return {labels.GPU_STATE_ANNOTATION: published.encode(node)}

@@ -10,7 +10,8 @@ callable; nothing is filled in after construction. The build order follows the d
    health source;
 4. the device plugin, which publishes what it advertises, and the DRA driver (kubelet plugin
    and ResourceSlices; it takes the node-wide MIG lock the MIG reconciler takes);
-5. the exporter, which reads health and the advertised devices, and computes capacity;
+5. the exporter, which reads health and the advertised devices, computes capacity and
+   attributes GPU processes to pods (the XID attributor, built before it, reads that);
 6. the health component around the model: its reporter publishes the capability labels, the
    exporter's capacity annotations and the GPU-state annotation on the node.
 
@@ -27,9 +28,11 @@ from pathlib import Path
 from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
 from nodeagent.agent.sampler import Sampler
+from nodeagent.agent.sharing_actions import SharingActions
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
+from nodeagent.health.validation import GpuValidator
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent_device_plugin import component as device_plugin
@@ -73,6 +76,12 @@ def build(
     model = health.build_model(config)
     plugin = device_plugin.build(config, feed, model)
     dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)
+    # Application XIDs go to the pods of the exporter's last attribution (bound late: the
+    # exporter is built next, and the attributor only reads it once events flow).
+    xids = health.build_attributor(
+        config, lambda: exporter.renderer.processes if exporter is not None else ()
+    )
+    validator: GpuValidator | None = None  # built with the health component, read late
     exporter = exporters.build(
         config,
         feed,
@@ -83,24 +92,42 @@ def build(
         live_check=alive,
         mig_status=reconciler.status if reconciler is not None else None,
         started_at_s=started_at_s,
+        app_xids=xids.counts if xids is not None else None,
+        remediation_steps=lambda: validator.counts() if validator is not None else {},
+        validations=lambda: validator.passed() if validator is not None else {},
     )
     health_component = None
     if model is not None:
         poller = exporter.poller if exporter is not None else None
         gpu_state = GpuStateAnnotation(
-            feed, model, (lambda: poller.latest) if poller is not None else None
+            feed,
+            model,
+            (lambda: poller.latest) if poller is not None else None,
+            exporter.shared_gpus if exporter is not None else None,
         )
 
         def annotations() -> Mapping[str, str]:
             capacity = exporter.capacity_annotations() if exporter is not None else {}
             return {**capacity, **gpu_state()}
 
+        validator = health.build_validator(config, model, node, feed)
         health_component = health.build(
-            config, model, node, feed, labels=labels, annotations=annotations
+            config,
+            model,
+            node,
+            feed,
+            labels=labels,
+            annotations=annotations,
+            xids=xids,
+            validator=validator,
         )
+    actions = None
+    if config.pool.sharing_actions.enabled and exporter is not None:
+        shared_now = exporter.renderer
+        actions = SharingActions(config, feed, lambda: shared_now.shared, plugin)
     components: tuple[Component, ...] = tuple(
         c
-        for c in (sampler, reconciler, health_component, plugin, dra_driver, exporter)
+        for c in (sampler, reconciler, health_component, plugin, dra_driver, exporter, actions)
         if c is not None
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "topo": ("nodeagent.cli.gpus", "topo", None),
     "run": ("nodeagent.cli.run", "run", None),
     "status": ("nodeagent.cli.status", "status", None),
+    "processes": ("nodeagent.cli.processes", "processes", None),
     "install-systemd": ("nodeagent.cli.install", "install_systemd", None),
     "health": (
         "nodeagent.cli.health",

@@ -180,13 +180,30 @@ def process_add_cmd(
     memory_mib: Annotated[
         int, typer.Option("--memory-mib", help="GPU memory the process uses, in MiB.")
     ] = 1024,
+    sm_share: Annotated[
+        float | None,
+        typer.Option(
+            "--sm-share",
+            help="Share of the GPU's time the process asks for (0..1); processes that ask for "
+            "more than all of it share it in proportion. Default: 0.8 of a whole GPU or of its "
+            "MIG slice.",
+        ),
+    ] = None,
+    name: Annotated[
+        str, typer.Option("--name", help="Command name NVML reports for the process.")
+    ] = "python3",
+    mps: Annotated[
+        bool, typer.Option("--mps", help="An MPS client (listed by the MPS process query too).")
+    ] = False,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
 ) -> None:
     """Attach a fake compute process; prints its PID."""
     control = _run_or_fail(simulate, state_dir)
     try:
-        pid = control.add_process(gpu, mig_uuid=mig, used_memory_mib=memory_mib)
+        pid = control.add_process(
+            gpu, mig_uuid=mig, used_memory_mib=memory_mib, load=sm_share, name=name, mps=mps
+        )
     except SimError as exc:
         fail(str(exc), exc.hint)
     sys.stdout.write(f"{pid}\n")

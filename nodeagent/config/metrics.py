@@ -13,6 +13,27 @@ from nodeagent.config.loader import Schema
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
+class ProbeSection(Schema):
+    """An optional canary on each shared GPU: a short command, its latency exported."""
+
+    enabled: bool = Field(False, description="run the probe command on each shared device")
+    command: tuple[str, ...] = Field(
+        (),
+        description="argv of a short GPU job; it runs with CUDA_VISIBLE_DEVICES set to the "
+        "device's UUID (and NODEAGENT_PROBE_GPU to its index); exit 0 is a pass",
+    )
+    interval_s: float = Field(300.0, ge=10, le=86400, description="seconds between rounds")
+    timeout_s: float = Field(30.0, ge=1, le=600, description="a run longer than this fails")
+
+    @model_validator(mode="after")
+    def _command_when_enabled(self) -> Self:
+        if self.enabled and not self.command:
+            found = FieldError()
+            found.add("command", "an enabled probe needs a command, e.g. [/usr/bin/probe, --quick]")
+            found.raise_any()
+        return self
+
+
 class MetricsSection(Schema):
     """Where and how ``/metrics``, ``/healthz`` and ``/readyz`` are served."""
 
@@ -35,6 +56,20 @@ class MetricsSection(Schema):
     pod_resources_interval_s: float = Field(
         10.0, ge=1, le=3600, description="seconds between polls of that socket"
     )
+    process_attribution: bool = Field(
+        True,
+        description="attribute each GPU process to its pod and container (cgroup, "
+        "pod-resources, pods of this node from the API server) and export per-workload usage",
+    )
+    proc_root: Path = Field(
+        Path("/proc"),
+        description="the host's /proc (NVML reports host PIDs: in a pod, run with hostPID or "
+        "mount the host's /proc here)",
+    )
+    max_workload_series: int = Field(
+        1000, ge=1, le=100000, description="most (device, container) rows exported per render"
+    )
+    probe: ProbeSection = Field(default_factory=ProbeSection)
 
     @field_validator("address")
     @classmethod

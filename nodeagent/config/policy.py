@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -98,6 +98,53 @@ class Sharing(Schema):
         return self
 
 
+RemediationStep = Literal["reset", "validate"]
+
+
+class RemediationPolicy(Schema):
+    """What the agent does before a GPU whose fault cleared serves again (off by default)."""
+
+    enabled: bool = Field(
+        False,
+        description="hold a GPU whose unhealthy fault cleared until its steps pass",
+    )
+    steps: tuple[RemediationStep, ...] = Field(
+        ("validate",), min_length=1, description="in order: reset (the GPU) and validate"
+    )
+    validate_command: tuple[str, ...] = Field(
+        (),
+        description="argv of a short diagnostic, run with CUDA_VISIBLE_DEVICES set to the GPU; "
+        "exit 0 passes; empty: the validate step passes at once",
+    )
+    validate_timeout_s: float = Field(300.0, ge=1, le=3600, description="a longer run fails")
+    allow_reset: bool = Field(
+        False, description="the reset step may reset the GPU (never while a process runs)"
+    )
+    max_resets: int = Field(1, ge=0, le=100, description="GPU resets per reset_period_s, node-wide")
+    reset_period_s: float = Field(86400.0, ge=60, le=30 * 86400, description="the cap's period")
+    retry_s: float = Field(
+        300.0, ge=1, le=86400, description="a GPU whose steps failed is tried again after this"
+    )
+
+
+class SharingActionsPolicy(Schema):
+    """What a pool does about a shared GPU that stays noisy (off by default)."""
+
+    enabled: bool = Field(False, description="act on sustained interference of a shared GPU")
+    dry_run: bool = Field(False, description="log what would be done, change nothing")
+    interference_threshold: float = Field(
+        0.5, gt=0, le=1, description="interference ratio at or above which a GPU is noisy"
+    )
+    memory_pressure_threshold: float = Field(
+        0.95, gt=0, le=1, description="memory pressure at or above which a GPU is noisy"
+    )
+    for_s: float = Field(900.0, ge=0, le=86400, description="how long it must stay noisy")
+    action: Literal["cap-replicas", "exclusive"] = Field(
+        "cap-replicas", description="cap its replicas, or make it exclusive"
+    )
+    cap_replicas: int = Field(2, ge=1, le=MAX_REPLICAS, description="replicas after a cap")
+
+
 class PoolPolicy(Schema):
     """What one pool wants."""
 
@@ -122,6 +169,8 @@ class PoolPolicy(Schema):
     mig_partial_apply: bool = Field(
         False, description="apply the layout to the other GPUs while a busy one waits"
     )
+    remediation: RemediationPolicy = Field(default_factory=RemediationPolicy)
+    sharing_actions: SharingActionsPolicy = Field(default_factory=SharingActionsPolicy)
     dra: PoolDra = Field(default_factory=PoolDra, description="the DRA plugin's pool policy")
 
     @model_validator(mode="after")

@@ -190,6 +190,9 @@ class GpuNode:
             cuda = self._inventory.cuda_driver_version()
             gpus = tuple(self._gpu_state(i, driver, cuda) for i in range(self._nvml.count))
             topology = self._inventory.topology()
+        self._telemetry.usage.forget_gone(
+            {p.pid for g in gpus if g.telemetry is not None for p in g.telemetry.processes}
+        )
         return NodeSnapshot(
             timestamp_s=timestamp,
             sample_duration_s=time.perf_counter() - started,

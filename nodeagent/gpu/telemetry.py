@@ -7,7 +7,7 @@ from typing import Any
 
 from nodeagent.gpu import errors
 from nodeagent.gpu.inventory import Inventory
-from nodeagent.gpu.nvml import NOT_AVAILABLE_UINT, Nvml, instance_id
+from nodeagent.gpu.nvml import NOT_AVAILABLE_UINT, Nvml, instance_id, text
 from nodeagent.gpu.types import (
     ClockEventReason,
     EccCounts,
@@ -54,6 +54,102 @@ class Processes:
         return tuple(sorted(processes, key=lambda p: p.pid))
 
 
+class ProcessUsage:
+    """Names, per-process utilization and MPS membership of the processes of one sample.
+
+    Per-process utilization comes from the driver's sample buffer: each call asks only for the
+    samples newer than the last one seen on that GPU, averaged per PID. Names are cached by PID
+    (a name does not change while the process lives) and forgotten when the PID leaves.
+    """
+
+    def __init__(self, nvml: Nvml) -> None:
+        self._nvml = nvml
+        self._last_seen_us: dict[int, int] = {}
+        self._names: dict[int, str | None] = {}
+
+    def _name(self, pid: int) -> str | None:
+        if pid in self._names:
+            return self._names[pid]
+        raw, _ = self._nvml.attempt(
+            "nvmlSystemGetProcessName",
+            pid,
+            gpu=None,
+            expected=errors.ABSENT_CODES
+            | {errors.NVML_ERROR_NOT_FOUND, errors.NVML_ERROR_NO_PERMISSION},
+        )
+        name = text(raw) or None if raw is not None else None
+        self._names[pid] = name
+        return name
+
+    def _utilization(self, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
+        """{pid: (SM, memory)} ratios since the last call; None where NVML keeps no samples."""
+        raw, code = self._nvml.attempt(
+            "nvmlDeviceGetProcessUtilization",
+            handle,
+            self._last_seen_us.get(index, 0),
+            gpu=index,
+            expected=errors.ABSENT_CODES | {errors.NVML_ERROR_NOT_FOUND},
+        )
+        if code == errors.NVML_ERROR_NOT_FOUND:
+            return {}  # no process ran since the last sample
+        if raw is None:
+            return None
+        sums: dict[int, list[float]] = {}
+        latest = self._last_seen_us.get(index, 0)
+        for sample in raw:
+            acc = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
+            acc[0] += int(sample.smUtil)
+            acc[1] += int(sample.memUtil)
+            acc[2] += 1
+            latest = max(latest, int(sample.timeStamp))
+        self._last_seen_us[index] = latest
+        return {pid: (sm / n / 100, mem / n / 100) for pid, (sm, mem, n) in sums.items()}
+
+    def _mps_clients(self, index: int, handle: Any) -> frozenset[int]:
+        raw, _ = self._nvml.attempt(
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+            handle,
+            gpu=index,
+            expected=errors.ABSENT_CODES,
+        )
+        return frozenset(int(p.pid) for p in raw or ())
+
+    def __call__(
+        self, index: int, handle: Any, processes: tuple[ProcessInfo, ...]
+    ) -> tuple[ProcessInfo, ...]:
+        """``processes`` with their name, utilization and MPS membership filled in."""
+        if not processes:
+            return processes
+        # Processes on MIG instances mean MIG is on, where the driver keeps no per-process
+        # samples (NOT_SUPPORTED): it is not asked.
+        on_mig = any(p.gpu_instance_id is not None for p in processes)
+        utilization = None if on_mig else self._utilization(index, handle)
+        mps = self._mps_clients(index, handle)
+        out = []
+        for proc in processes:
+            sm = mem = None
+            if utilization is not None:
+                sm, mem = utilization.get(proc.pid, (0.0, 0.0))
+            out.append(
+                ProcessInfo(
+                    proc.pid,
+                    proc.used_memory_bytes,
+                    proc.gpu_instance_id,
+                    proc.compute_instance_id,
+                    self._name(proc.pid),
+                    sm,
+                    mem,
+                    proc.pid in mps,
+                )
+            )
+        return tuple(out)
+
+    def forget_gone(self, alive: set[int]) -> None:
+        """Drop the cached names of PIDs no longer on any GPU."""
+        for pid in [p for p in self._names if p not in alive]:
+            del self._names[pid]
+
+
 class TelemetryReader:
     """One telemetry sample per call; NVLink error counters are read at a slower pace."""
 
@@ -61,6 +157,7 @@ class TelemetryReader:
         self._nvml = nvml
         self._inventory = inventory
         self._processes = processes
+        self.usage = ProcessUsage(nvml)
         self._clock_reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         # GPUs whose driver lacks memory info v2 (before R510, or a binding without the struct):
         # found on the first sample, then asked the v1 question only.
@@ -221,5 +318,7 @@ class TelemetryReader:
             retired_pages_pending=pages_pending,
             pcie_replay_count=int(replay) if replay is not None else None,
             nvlinks=self._nvlinks(index, h, static.nvlinks),
-            processes=processes if processes is not None else self._processes(index),
+            processes=self.usage(
+                index, h, processes if processes is not None else self._processes(index)
+            ),
         )

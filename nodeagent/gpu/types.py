@@ -206,6 +206,15 @@ class ProcessInfo:
     used_memory_bytes: int | None
     gpu_instance_id: int | None  # None on a GPU without MIG
     compute_instance_id: int | None
+    # Read with the snapshot's telemetry (the MIG paths list processes without them):
+    name: str | None = None  # command name (nvmlSystemGetProcessName); None: not known
+    # Share of the sampling period the process's kernels ran on the SMs, and its share of the
+    # memory controller's busy time (0..1; NVML's process utilization samples since the last
+    # snapshot, averaged). 0 when NVML kept no sample of it (it ran nothing); None where NVML
+    # keeps none (MIG, older GPUs).
+    sm_utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    mps_client: bool = False  # a client of the GPU's MPS server
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,23 +9,36 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.protocols import EventSource
+from nodeagent.health.attribution import XidAttributor
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import history_path, status_path
-from nodeagent.kube.node import NodePatcher, make_api
+from nodeagent.health.validation import GpuValidator
+from nodeagent.kube.events import EventRecorder
+from nodeagent.kube.node import KubeUnavailableError, NodePatcher, make_api
 from nodeagent.runtime.snapshots import SnapshotFeed
+from nodeagent.workloads import AttributedProcess
 
 log = logging.getLogger(__name__)
 
 EVENT_WAIT_S = 0.5  # how often the event thread looks at the stop flag
 
 Provider = Callable[[], Mapping[str, str]]
+
+
+class Resettable(Protocol):
+    """What the remediation steps need of the GPU layer: a reset."""
+
+    def reset_gpu(self, index: int) -> None:
+        """Reset GPU ``index``; raises InUse while processes run."""
+        ...
 
 
 class HealthComponent:
@@ -43,8 +56,12 @@ class HealthComponent:
         events: EventSource,
         snapshots: SnapshotFeed,
         reporter: Reporter,
+        xids: XidAttributor | None = None,
+        validator: GpuValidator | None = None,
     ) -> None:
         self.model = model
+        self.xids = xids
+        self.validator = validator
         self.events = events
         self.snapshots = snapshots
         self.reporter = reporter
@@ -76,6 +93,8 @@ class HealthComponent:
                     continue
                 if event is not None:
                     self.model.on_event(event)
+                    if self.xids is not None:
+                        self.xids.on_event(event)
         except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
             # Crash the whole component so the supervisor restarts it and counts it.
             self._event_error = exc
@@ -99,6 +118,17 @@ class HealthComponent:
             target=_relay, args=(stop, local_stop, self.reporter.wake), daemon=True
         )
         relay.start()
+        helpers = []
+        if self.xids is not None and self.xids.recorder is not None:
+            helpers.append(("health-xid-events", self.xids.run))
+        if self.validator is not None:
+            helpers.append(("health-remediation", self.validator.run))
+        threads = [
+            threading.Thread(target=target, args=(local_stop,), name=name, daemon=True)
+            for name, target in helpers
+        ]
+        for thread in threads:
+            thread.start()
         try:
             opened.wait()
             if self._event_error is None:
@@ -108,6 +138,8 @@ class HealthComponent:
             local_stop.set()
             unsubscribe()
             events.join(timeout=EVENT_WAIT_S * 4)
+            for thread in threads:
+                thread.join(timeout=EVENT_WAIT_S * 4)
             self._ready.clear()
         if self._event_error is not None and not stop.is_set():
             error, self._event_error = self._event_error, None
@@ -133,12 +165,62 @@ def build_model(config: AgentConfig) -> HealthModel | None:
     """The health model, with its history in the state directory; None when health is off."""
     if not config.health.enabled:
         return None
-    return HealthModel(
+    model = HealthModel(
         config.health,
         expected_driver=config.pool.expected_driver_version,
         history_path=history_path(config.state_dir),
         status_path=status_path(config.state_dir),
     )
+    model.validation_hold = config.pool.remediation.enabled
+    return model
+
+
+def build_validator(
+    config: AgentConfig, model: HealthModel, node: Resettable, snapshots: SnapshotFeed
+) -> GpuValidator | None:
+    """The remediation-step runner when the pool enables remediation, else None."""
+    policy = config.pool.remediation
+    if not policy.enabled:
+        return None
+
+    def processes(index: int) -> int:
+        latest = snapshots.latest
+        for gpu in latest.gpus if latest is not None else ():
+            if gpu.info.index == index and gpu.telemetry is not None:
+                return len(gpu.telemetry.processes)
+        return 0
+
+    return GpuValidator(
+        model,
+        lambda: policy,
+        reset=node.reset_gpu,
+        processes=processes,
+        recorder=_recorder(config, "remediation steps"),
+    )
+
+
+def _recorder(config: AgentConfig, what: str) -> EventRecorder | None:
+    """An Event recorder when Kubernetes is enabled (None otherwise, or when unreachable)."""
+    kube = config.kubernetes
+    if not kube.enabled:
+        return None
+    try:
+        return EventRecorder(
+            make_api(kube), config.node_name, request_timeout_s=kube.request_timeout_s
+        )
+    except KubeUnavailableError as exc:
+        log.warning("%s are logged and counted but not recorded as Events: %s", what, exc)
+        return None
+
+
+def build_attributor(
+    config: AgentConfig, processes: Callable[[], Sequence[AttributedProcess]]
+) -> XidAttributor | None:
+    """The application-XID attributor, with Events on pods when Kubernetes is enabled; None
+    when health or process attribution is off."""
+    if not config.health.enabled or not config.metrics.process_attribution:
+        return None
+    return XidAttributor(processes, _recorder(config, "application XIDs"))
 
 
 def build(
@@ -149,6 +231,8 @@ def build(
     *,
     labels: Provider | None = None,
     annotations: Provider | None = None,
+    xids: XidAttributor | None = None,
+    validator: GpuValidator | None = None,
 ) -> HealthComponent:
     """The health component around ``model``.
 
@@ -166,4 +250,4 @@ def build(
         extra_labels=labels,
         extra_annotations=annotations,
     )
-    return HealthComponent(model, events, snapshots, reporter)
+    return HealthComponent(model, events, snapshots, reporter, xids, validator)

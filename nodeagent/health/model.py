@@ -218,6 +218,10 @@ class NodeHealth:
         return max((d.state for d in self.devices), key=severity, default=HealthState.HEALTHY)
 
 
+VALIDATION_KEY = "validation"
+VALIDATION_HOLD_S = 10 * 365 * 86400.0  # held until released, not timed out
+
+
 class HealthModel:
     """Implements :class:`~nodeagent.runtime.health.HealthSource` over events and snapshots."""
 
@@ -251,6 +255,9 @@ class HealthModel:
         self.dirty = False  # history changed since the last save
         self.snapshots_seen = 0
         self.history_errors = 0
+        # Hold a GPU whose unhealthy fault cleared until its remediation steps pass
+        # (pools.<pool>.remediation.enabled); the validator releases it.
+        self.validation_hold = False
         self.status_path = status_path
         self.read_only = read_only  # a one-shot look (the CLI): never move or write files
         # Faults restored from disk, kept whatever their age until the first sample decides.
@@ -276,6 +283,57 @@ class HealthModel:
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback()`` after any change (state, reasons, faults): the reporter's hook."""
         return self._listeners.add(lambda _: callback())
+
+    # --- validation before a GPU serves again --------------------------------------------------
+    def _hold_for_validation(
+        self, gone: Mapping[tuple[str, int | None, str], Fault], now: float
+    ) -> None:
+        """A GPU whose last unhealthy fault just cleared is held until its validation passes."""
+        bad = (HealthState.UNHEALTHY, HealthState.LOST)
+        for (uuid, _, key), fault in gone.items():
+            if fault.state not in bad or key == VALIDATION_KEY:
+                continue
+            if any(u == uuid and f.state in bad for (u, _, _), f in self._faults.items()):
+                continue  # still unhealthy for another reason
+            self._faults[(uuid, None, VALIDATION_KEY)] = Fault(
+                fault.gpu_index,
+                uuid,
+                None,
+                VALIDATION_KEY,
+                HealthState.UNHEALTHY,
+                f"awaiting validation after: {fault.reason}",
+                Action.NONE,
+                now,
+                now,
+                VALIDATION_HOLD_S,
+            )
+            log.info("GPU %d (%s): fault cleared; held until its remediation steps pass",
+                     fault.gpu_index, uuid)  # fmt: skip
+
+    def pending_validation(self) -> list[tuple[int, str, str]]:
+        """GPUs held for validation: (index, UUID, reason)."""
+        with self._lock:
+            return sorted(
+                (f.gpu_index, uuid, f.reason)
+                for (uuid, _, key), f in self._faults.items()
+                if key == VALIDATION_KEY
+            )
+
+    def finish_validation(self, uuid: str, passed: bool, detail: str) -> None:
+        """Release a held GPU (``passed``), or keep it held with ``detail`` as the reason."""
+        now = self._clock()
+        with self._lock:
+            fault = self._faults.get((uuid, None, VALIDATION_KEY))
+            if fault is None:
+                return
+            if passed:
+                del self._faults[(uuid, None, VALIDATION_KEY)]
+            else:
+                fault.reason = f"validation failed: {detail}"
+                fault.last_s = now
+            self.dirty = True
+            changes = self._recompute(now)
+        self._deliver(changes)
 
     # --- inputs --------------------------------------------------------------------------------
     def on_event(self, event: GpuEvent) -> None:
@@ -595,10 +653,11 @@ class HealthModel:
     ) -> list[tuple[HealthTransition | None, bool]]:
         """Expire faults and rebuild device health; returns (transition, changed) pairs."""
         expired = [k for k, f in self._faults.items() if f.expired(now) and k not in self._carried]
-        for k in expired:
-            del self._faults[k]
+        gone = {k: self._faults.pop(k) for k in expired}
         if expired:
             self.dirty = True
+        if self.validation_hold:
+            self._hold_for_validation(gone, now)
         by_scope: dict[tuple[str, int | None], list[Fault]] = {}
         for (uuid, gi, _), fault in self._faults.items():
             by_scope.setdefault((uuid, gi), []).append(fault)

@@ -18,6 +18,9 @@ from nodeagent.sim import ops, presets
 from nodeagent.sim.nvml import HANDLE_FUNCTIONS, SimNvml
 from nodeagent.sim.state import SimStateCorruptError, SimStateError, State, StateStore, new_state
 
+# nvmlSystemGetProcessName fills a buffer of this many bytes (pynvml passes 1024).
+PROCESS_NAME_MAX = 1023
+
 
 class SimError(ValueError):
     """A control request cannot be carried out. ``str()`` is one line; ``hint`` says what to do."""
@@ -155,12 +158,21 @@ class SimControl:
         used_memory_mib: int = 1024,
         load: float | None = None,
         pid: int | None = None,
+        name: str = ops.DEFAULT_PROCESS_NAME,
+        mps: bool = False,
     ) -> int:
         """Attach a compute process to a GPU or to a MIG device; return its PID.
 
-        ``pid`` names a process that exists on the host, for tools that look processes up;
-        without it the PID is made up.
+        ``load`` is the share of the GPU's time (SM share) it asks for; where the processes of
+        a GPU ask for more than all of it, each gets its share scaled down, as time-slicing
+        does. ``pid`` names a process that exists on the host, for tools that look processes
+        up; without it the PID is made up. ``mps`` makes it an MPS client.
         """
+        if not name or "\0" in name or len(name) > PROCESS_NAME_MAX:
+            raise SimError(
+                f"process name {name!r} is not a command name",
+                f"pass 1 to {PROCESS_NAME_MAX} characters, e.g. --name python3",
+            )
         if used_memory_mib < 0:
             raise SimError(f"used memory {used_memory_mib} MiB is negative", "pass 0 or more")
         if load is not None and not 0.0 <= load <= 1.0:
@@ -179,7 +191,7 @@ class SimControl:
         attached: int = self._change(
             gpu,
             mig_uuid,
-            lambda s: ops.add_process(s, gpu, mig_uuid, used_memory_mib, load, now, pid),
+            lambda s: ops.add_process(s, gpu, mig_uuid, used_memory_mib, load, now, pid, name, mps),
             what="add a process",
         )
         return attached

@@ -864,13 +864,14 @@ class SimNvml:
         return int(pynvml.NVML_P2P_STATUS_OK)
 
     # --- processes --------------------------------------------------------------------------
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
-        """Compute processes as pynvml friendly objects (pid, usedGpuMemory, GI/CI IDs)."""
+    def _process_infos(self, handle: Any, *, mps_only: bool) -> list[Any]:
         state, gpu, mig = self._any_device(handle)
         procs = ops.processes_on(state, gpu["index"])
         if mig is not None:
             gi, ci = mig
             procs = [p for p in procs if p["gi"] == gi["id"] and p["ci"] == ci["id"]]
+        if mps_only:
+            procs = [p for p in procs if p.get("mps")]
         out = []
         for proc in procs:
             info = pynvml.c_nvmlProcessInfo_v3_t()
@@ -880,6 +881,13 @@ class SimNvml:
             info.computeInstanceId = ops.NO_ID if proc["ci"] is None else proc["ci"]
             out.append(pynvml.nvmlStructToFriendlyObject(info))
         return out
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        """Compute processes as pynvml friendly objects (pid, usedGpuMemory, GI/CI IDs).
+
+        MPS clients are listed here too, as the driver lists them (nvidia-smi's type "M+C").
+        """
+        return self._process_infos(handle, mps_only=False)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """Same as ``nvmlDeviceGetComputeRunningProcesses_v3``."""
@@ -903,9 +911,51 @@ class SimNvml:
         return self.nvmlDeviceGetGraphicsRunningProcesses_v3(handle)
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
-        """MPS processes: none (MPS is not simulated)."""
-        self._any_device(handle)
-        return []
+        """The MPS clients among the compute processes (``sim process add --mps``)."""
+        return self._process_infos(handle, mps_only=True)
+
+    # --- per-process utilization --------------------------------------------------------------
+    def _process_samples(self, handle: Any, last_seen_us: int) -> tuple[int, dict[int, Any]]:
+        """(sample timestamp in us, {pid: (SM %, memory %)}) newer than ``last_seen_us``.
+
+        The driver keeps per-process samples only for a whole GPU: a MIG device handle, or a GPU
+        with MIG on, answers NOT_SUPPORTED (nvidia-smi pmon: "not supported"). NOT_FOUND when no
+        process ran since ``last_seen_us``, as the driver says it.
+        """
+        state, gpu, mig = self._any_device(handle)
+        if mig is not None or gpu["mig"]["current"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        # The driver samples on its own period; a sample's timestamp is when it was taken.
+        stamp = int(now * 1e6) // ENGINE_SAMPLING_PERIOD_US * ENGINE_SAMPLING_PERIOD_US
+        busy = telemetry.process_utilization(gpu, self._procs(state, gpu), now)
+        if stamp <= int(last_seen_us) or not busy:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return stamp, busy
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """Per-process SM and memory utilization samples newer than ``timeStamp`` (us)."""
+        stamp, busy = self._process_samples(handle, timeStamp)
+        out = []
+        for pid, (sm, mem) in sorted(busy.items()):
+            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil = pid, stamp, sm, mem
+            out.append(sample)
+        return out
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:
+        """The same samples through the versioned struct of R550 and newer."""
+        stamp, busy = self._process_samples(handle, timeStamp)
+        out = []
+        for pid, (sm, mem) in sorted(busy.items()):
+            info = pynvml.c_nvmlProcessUtilizationInfo_v1_t()
+            info.pid, info.timeStamp, info.smUtil, info.memUtil = pid, stamp, sm, mem
+            out.append(info)
+        return out
+
+    def nvmlSystemGetProcessName(self, pid: int) -> bytes:
+        """The command name of a process on a GPU (bytes, as pynvml returns it)."""
+        return ops.process_name(self._state(), int(pid)).encode()
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
         """Same as ``nvmlDeviceGetMPSComputeRunningProcesses_v3``."""

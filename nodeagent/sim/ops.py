@@ -95,6 +95,10 @@ def nvlink_counters(gpu: Gpu, link: int) -> dict[str, int]:
     return dict(found) if found else dict.fromkeys(NVLINK_COUNTERS, 0)
 
 
+# The name a process gets when its caller gives none (what a CUDA job most often runs).
+DEFAULT_PROCESS_NAME = "python3"
+
+
 def err(code: int) -> pynvml.NVMLError:
     """The pynvml exception for ``code`` (its subclass, e.g. ``NVMLError_InUse``)."""
     return pynvml.NVMLError(code)
@@ -118,6 +122,14 @@ def next_serial(state: State) -> int:
     serial = int(state["next_serial"])
     state["next_serial"] = serial + 1
     return serial
+
+
+def process_name(state: State, pid: int) -> str:
+    """The command name of process ``pid``. Raises NOT_FOUND for a PID not on any GPU."""
+    for proc in state["processes"]:
+        if proc["pid"] == pid:
+            return str(proc.get("name", DEFAULT_PROCESS_NAME))
+    raise err(pynvml.NVML_ERROR_NOT_FOUND)
 
 
 def processes_on(state: State, index: int, gi: int | None = None) -> list[dict[str, Any]]:
@@ -457,8 +469,14 @@ def add_process(
     load: float | None,
     now: float,
     pid: int | None = None,
+    name: str = DEFAULT_PROCESS_NAME,
+    mps: bool = False,
 ) -> int:
     """Attach a process to a GPU or MIG device; return its PID.
+
+    ``load`` is the share of the GPU's time the process asks for (``None``: a default for a
+    whole GPU or its MIG slice); ``mps`` makes it an MPS client, listed by the MPS process
+    query too, as the driver lists the clients of an MPS server.
 
     ``pid`` attaches a process that exists on the host (so tools that look it up, as gpustat
     and nvitop do with psutil, find it); ``None`` makes up a PID from the node's counter.
@@ -488,6 +506,8 @@ def add_process(
             "mem_mib": int(used_memory_mib),
             "load": load,
             "started_s": now,
+            "name": name,
+            "mps": mps,
         }
     )
     return pid

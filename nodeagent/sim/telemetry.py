@@ -22,7 +22,9 @@ FULL_GPU_LOAD = 0.8  # utilization share of a process that owns a whole GPU (0..
 # Memory an idle GPU shows as used beside the reserved memory (nvidia-smi -q "Used: 1 MiB" on an
 # idle H200, driver 550.90.12; 0-2 MiB on H100 outputs).
 IDLE_MEMORY_MIB = 1
-IDLE_SM_CLOCK_MHZ = 210  # SM clock of an idle datacenter GPU
+IDLE_SM_CLOCK_MHZ = 210
+# Memory-controller busy time per unit of SM busy time (a compute-bound mix).
+MEMORY_BUSY_PER_SM = 0.6  # SM clock of an idle datacenter GPU
 
 # Power faults. Under the SW power cap the board holds its draw just under the enforced limit and
 # the clocks drop to stay there. The HW power brake (an external signal, e.g. from the power
@@ -55,21 +57,59 @@ def wave(uuid: str) -> Wave:
     return cached
 
 
+def _demand(gpu: dict[str, Any], model: models.GpuModel, proc: dict[str, Any]) -> float:
+    """What a process asks of the whole GPU (0..1): its own share, or a share of its MIG slice."""
+    if proc.get("load") is not None:
+        return float(proc["load"])
+    share = FULL_GPU_LOAD
+    if proc["gi"] is not None:
+        profile = _gi_profile(gpu, model, proc["gi"])
+        if profile is not None:
+            share *= profile.compute_slices / model.max_mig_devices
+    return share
+
+
 def load(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> float:
-    """The GPU's load (0..1): each process adds its own share, or a share of its MIG slice."""
+    """The GPU's load (0..1): what its processes ask for, up to all of it."""
     model = models.MODELS[gpu["model"]]
-    total = 0.0
-    for proc in procs:
-        if proc.get("load") is not None:
-            total += float(proc["load"])
+    return min(1.0, sum(_demand(gpu, model, p) for p in procs))
+
+
+def _swing(gpu: dict[str, Any], now: float) -> float:
+    """The slow wave the busy readings follow: 0.8..1.0 of what the load asks."""
+    w = wave(gpu["uuid"])
+    return 0.9 + 0.1 * math.sin(w.omega * now + w.phase)
+
+
+def process_busy(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> dict[int, float]:
+    """Each process's busy share of the GPU's time right now (0..1, by PID).
+
+    A process's demand swings 0.8..1.0 with the GPU's slow wave; when the demands add up to
+    more than the whole GPU, each gets its part of it in proportion (the GPU reads 100 %).
+    """
+    swing = _swing(gpu, now)
+    model = models.MODELS[gpu["model"]]
+    busy = {int(p["pid"]): _demand(gpu, model, p) * swing for p in procs}
+    total = sum(busy.values())
+    scale = 1.0 / total if total > 1.0 else 1.0
+    return {pid: share * scale for pid, share in busy.items()}
+
+
+def process_utilization(
+    gpu: dict[str, Any], procs: list[dict[str, Any]], now: float
+) -> dict[int, tuple[int, int]]:
+    """(SM %, memory %) of each process that ran in the last sample, by PID.
+
+    They add up to the GPU-wide :func:`utilization` (rounding apart); a process that asked for
+    no time has no sample, as NVML leaves idle processes out.
+    """
+    out: dict[int, tuple[int, int]] = {}
+    for pid, share in process_busy(gpu, procs, now).items():
+        if share <= 0.0:
             continue
-        share = FULL_GPU_LOAD
-        if proc["gi"] is not None:
-            profile = _gi_profile(gpu, model, proc["gi"])
-            if profile is not None:
-                share *= profile.compute_slices / model.max_mig_devices
-        total += share
-    return min(1.0, total)
+        sm = 100.0 * share
+        out[pid] = (round(sm), round(sm * MEMORY_BUSY_PER_SM))
+    return out
 
 
 def _gi_profile(gpu: dict[str, Any], model: models.GpuModel, gi_id: int) -> models.GiProfile | None:
@@ -128,12 +168,8 @@ def energy_mj(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> i
 
 def utilization(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> tuple[int, int]:
     """(GPU %, memory %) utilization; 0 when idle."""
-    level = load(gpu, procs)
-    if level <= 0.0:
-        return 0, 0
-    w = wave(gpu["uuid"])
-    gpu_pct = 100.0 * level * (0.9 + 0.1 * math.sin(w.omega * now + w.phase))
-    return round(gpu_pct), round(gpu_pct * 0.6)
+    gpu_pct = 100.0 * sum(process_busy(gpu, procs, now).values())
+    return round(gpu_pct), round(gpu_pct * MEMORY_BUSY_PER_SM)
 
 
 def temperature_c(gpu: dict[str, Any], procs: list[dict[str, Any]], now: float) -> int:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from pathlib import Path
+
 import grpc
 
 from nodeagent.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
@@ -31,6 +36,12 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
             cr.devices.add(resource_name=res, device_ids=ids)
         return out
 
+    def Get(  # noqa: N802 - gRPC method names are the API's
+        self, request: api_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.GetPodResourcesResponse:
+        """Not served: the agent lists, it never asks for one pod."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Get is not served")
+
     def GetAllocatableResources(  # noqa: N802 - gRPC method names are the API's
         self, request: api_pb2.AllocatableResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocatableResourcesResponse:
@@ -41,3 +52,17 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         for res, ids in self.allocatable.items():
             out.devices.add(resource_name=res, device_ids=ids)
         return out
+
+
+@contextmanager
+def serving(socket: Path) -> Iterator[FakeKubelet]:
+    """A :class:`FakeKubelet` answering on the unix socket ``socket`` until the block ends."""
+    servicer = FakeKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        yield servicer
+    finally:
+        server.stop(None)

@@ -165,9 +165,14 @@ def test_mounts_match_the_config(objects: dict[Any, dict[str, Any]]) -> None:
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounted = {m["mountPath"]: host.get(m["name"]) for m in c["volumeMounts"]}
     # Host directories appear at the same path inside the container, so paths in the config,
-    # in logs and in the docs mean the same thing everywhere.
+    # in logs and in the docs mean the same thing everywhere. The one exception is the host's
+    # /proc, which cannot sit on the container's own /proc: metrics.proc_root names it.
     for path, host_path in mounted.items():
+        if host_path == "/proc":
+            assert path == str(config.metrics.proc_root)
+            continue
         assert host_path in (None, path)
+    assert mounted.get(str(config.metrics.proc_root)) == "/proc"
     assert str(config.state_dir) in mounted
     assert str(config.metrics.pod_resources_socket.parent) in mounted
     if config.device_plugin.enabled:

@@ -117,7 +117,9 @@ def gpu_state(
     )
     if lost:
         return GpuState(info, None, (), lost=True, error="GPU is lost")
-    procs = tuple(ProcessInfo(100 + p, GIB, None, None) for p in range(processes))
+    procs = tuple(
+        ProcessInfo(100 + p, GIB, None, None, "python3", 0.3, 0.2) for p in range(processes)
+    )
     return GpuState(
         info,
         telemetry(index, processes=procs, **tele),

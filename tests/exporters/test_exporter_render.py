@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from nodeagent.config.metrics import ProbeSection
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
 from nodeagent.runtime.health import DeviceHealth, HealthState
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
+from nodeagent.workloads import CgroupReader, Device, PodIndex, Workload
 from nodeagent_exporters.catalog import CATALOG, markdown
 from nodeagent_exporters.podresources import Allocations, PodDevice
+from nodeagent_exporters.probe import ProbeRunner
 from nodeagent_exporters.render import Rendered, Renderer, Sources, age_lines
 from tests.exporters.exporter_factories import (
     gpu_state,
@@ -26,6 +30,8 @@ from tests.exporters.exporter_factories import (
 )
 
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
+UID0 = "00000000-0000-0000-0000-000000000000"
+UID1 = "11111111-0000-0000-0000-000000000000"
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
                 1, mig=mig1, retired_pages_sbe=0, retired_pages_dbe=0, retired_pages_pending=False
             ),
             gpu_state(2),
-            gpu_state(3, processes=1),
+            gpu_state(3, processes=2),
             gpu_state(4, lost=True),
         ],
         nvml_errors={"nvmlDeviceGetHandleByIndex": 1},
@@ -133,7 +139,7 @@ BLOCKED = MigLayoutStatus(
 )
 
 
-def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
+def test_every_emitted_metric_is_in_the_catalog_and_docs(tmp_path: Path) -> None:
     snap, health, allocations = full_node()
     renderer = Renderer(
         Sources(
@@ -144,8 +150,22 @@ def test_every_emitted_metric_is_in_the_catalog_and_docs() -> None:
             restarts={"sampler": 1},
             mig=lambda: BLOCKED,
             started_at_s=900.0,
+            # GPU 3's two processes run in two pods: a shared GPU.
+            cgroups=CgroupReader(tmp_path),
+            pod_index=lambda: PodIndex({UID0: ("ml", "train-0"), UID1: ("ml", "train-1")}),
+            probe=lambda: probe,
+            app_xids=lambda: {(Device(3, gpu_uuid(3)), Workload("ml", "train-0", "main"), 13): 2},
+            remediation_steps=lambda: {(2, gpu_uuid(2), "validate", "failed"): 1},
+            validations=lambda: {gpu_uuid(2): False},
         )
     )
+    # A canary that failed once on GPU 3.
+    section = ProbeSection(enabled=True, command=(sys.executable, "-c", "raise SystemExit(3)"))
+    probe = ProbeRunner(section, lambda: [Device(3, gpu_uuid(3))])
+    probe.round()
+    for pid, uid in ((100, UID0), (101, UID1)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{uid}/{'a' * 64}\n")
     rendered = renderer.render(snap)
     text = (rendered.body + age_lines(rendered, 1001.0)).decode()
     emitted = {n for n, _ in parse_samples(text)}

@@ -10,12 +10,12 @@ from a test pod-resources server. A family outside ``ABSENT_ON_H100`` that is no
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
 
-import grpc
 import pytest
 
 from nodeagent.agent.sampler import Sampler
@@ -23,12 +23,12 @@ from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component
-from nodeagent.kubelet.podresources.v1 import api_pb2_grpc
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.kubelet import TestKubelet
-from nodeagent.testing.podresources import FakeKubelet
+from nodeagent.testing.podresources import FakeKubelet, serving
 from nodeagent.testing.waiting import wait_until
+from nodeagent.workloads import PodIndex
 from nodeagent_device_plugin import component as device_plugin_component
 from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.catalog import CATALOG
@@ -59,7 +59,11 @@ mig-configs:
     - devices: [4, 5, 6, 7]
       mig-enabled: false
 """
+# Remediation steps run only once a fault has cleared (after health.fatal_hold_s), and only
+# where the pool enables them: tests/health/test_validation.py and the renderer's test.
+AFTER_A_CLEARED_FAULT = {"nodeagent_gpu_remediation_steps_total", "nodeagent_gpu_validation_passed"}
 XID_GPU, XID = 5, 48  # a double-bit ECC error on a whole GPU
+APP_XID = 13  # a graphics engine exception: the application's fault
 NVML_ERROR_GPU, NVML_FUNCTION = 6, "nvmlDeviceGetPowerUsage"
 
 
@@ -74,14 +78,9 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture
 def pod_resources(short_dir: Path) -> Iterator[tuple[FakeKubelet, Path]]:
     """A test pod-resources server on a unix socket."""
-    servicer = FakeKubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     socket = short_dir / "pod-resources.sock"
-    server.add_insecure_port(f"unix://{socket}")
-    server.start()
-    yield servicer, socket
-    server.stop(None)
+    with serving(socket) as servicer:
+        yield servicer, socket
 
 
 def test_every_family_is_scraped_from_a_simulated_mig_node(
@@ -115,6 +114,8 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 "address": "127.0.0.1:0",
                 "pod_resources_socket": str(socket),
                 "pod_resources_interval_s": 1.0,  # the pods are listed after the poller starts
+                "proc_root": str(short_dir / "proc"),  # no cgroup files: pod-resources decides
+                "probe": {"enabled": True, "command": [sys.executable, "-c", "pass"]},
             },
             "pools": {
                 "default": {
@@ -136,9 +137,12 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
     assert model is not None
     plugin = device_plugin_component.build(config, snapshots, model)
     assert plugin is not None
+    xids = health_component.build_attributor(config, lambda: exporter.renderer.processes)
+    assert xids is not None
     exporter = exporters_component.build(
         config,
         snapshots,
+        app_xids=xids.counts,
         health=model,
         devices=plugin,
         restarts=restarts,
@@ -146,7 +150,7 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
         started_at_s=snapshot.timestamp_s,
     )
     assert isinstance(exporter, MetricsExporter)
-    health = health_component.build(config, model, node, snapshots)
+    health = health_component.build(config, model, node, snapshots, xids=xids)
     kubelet = TestKubelet(short_dir / "kubelet")
     kubelet.start()
     sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
@@ -167,6 +171,18 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
             ("infer-0", "web", "server", mig_resource, [busy]),
             ("train-0", "ml", "main", "nvidia.com/gpu", [sorted(whole)[0]]),
         ]
+        # train-0 runs a process on its GPU: per-workload memory and SM share; a second pod
+        # (known by its cgroup and the pod list) shares the GPU with it.
+        trained = next(g.info.index for g in snapshot.gpus if g.info.uuid == sorted(whole)[0])
+        sim.add_process(trained, used_memory_mib=1234, load=0.5)
+        neighbour = sim.add_process(trained, used_memory_mib=100, load=0.2)
+        uid = "11111111-2222-3333-4444-555555555555"
+        (short_dir / "proc" / str(neighbour)).mkdir(parents=True)
+        (short_dir / "proc" / str(neighbour) / "cgroup").write_text(
+            f"0::/kubepods/besteffort/pod{uid}/{'e' * 64}\n"
+        )
+        exporter.pod_index = SimpleNamespace(latest=PodIndex({uid: ("ml", "side-car-job")}))
+        app_xid_injected = False
 
         sim.inject("xid", XID_GPU, code=XID)
         sim.inject("nvml-error", NVML_ERROR_GPU, code=10, function=NVML_FUNCTION)
@@ -181,6 +197,15 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
 
         def settled() -> bool:
             # Sample until the XID, the NVML error and the pods have all reached the exporter.
+            # A probe round first, on the devices the last render saw shared (the probe's own
+            # loop waits its interval before the first round).
+            assert exporter.probe is not None
+            exporter.probe.round()
+            nonlocal app_xid_injected
+            if not app_xid_injected and exporter.renderer.shared:
+                # An application XID on the shared GPU, once its pods are attributed.
+                sim.inject("xid", trained, code=APP_XID)
+                app_xid_injected = True
             sampler.sample_once()
             wait_until(lambda: exporter.latest is not None, 1.0)
             seen.append(scrape())
@@ -189,6 +214,13 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
                 value(samples, "nodeagent_gpu_xid_errors_total", uuid=xid_gpu, xid=str(XID)) == 1.0
                 and value(samples, "nodeagent_pod_resources_up") == 1.0
                 and value(samples, "nodeagent_device_plugin_pod_devices", pod="infer-0") is not None
+                and value(samples, "nodeagent_workload_gpu_sm_share_ratio", pod="train-0")
+                is not None
+                and value(samples, "nodeagent_shared_gpu_probe_up", gpu=str(trained)) == 1.0
+                and value(
+                    samples, "nodeagent_workload_gpu_xid_errors_total", pod="side-car-job", xid="13"
+                )
+                == 1.0
                 and (value(samples, "nodeagent_nvml_errors_total", function=NVML_FUNCTION) or 0)
                 >= 1
                 and value(samples, "nodeagent_gpu_health_state", uuid=failing, state="degraded")
@@ -197,12 +229,18 @@ def test_every_family_is_scraped_from_a_simulated_mig_node(
 
         assert wait_until(settled, 10.0), sorted({n for n, _ in seen[-1]}) if seen else "no scrape"
         samples = seen[-1]
+        mem = "nodeagent_workload_gpu_memory_used_bytes"
+        assert value(samples, mem, pod="train-0") == 1234 * 1024 * 1024
+        assert value(samples, mem, pod="side-car-job") == 100 * 1024 * 1024
+        assert value(samples, "nodeagent_shared_gpu_workloads", gpu=str(trained)) == 2
+        assert value(samples, mem, pod="infer-0", mig_profile="1g.10gb") == 1024 * 1024 * 1024
         emitted = {name for name, _ in samples}
         # A counter's samples carry the _total suffix the catalog names include.
-        missing = set(CATALOG) - emitted - ABSENT_ON_H100
+        missing = set(CATALOG) - emitted - ABSENT_ON_H100 - AFTER_A_CLEARED_FAULT
         assert missing == set(), f"families not scraped from the simulated node: {missing}"
         # The exemptions must stay honest: each one is really absent here.
         assert ABSENT_ON_H100 & emitted == set(), "a family listed as absent is present"
+        assert AFTER_A_CLEARED_FAULT & emitted == set(), "remediation ran without a cleared fault"
         assert set(CATALOG) >= ABSENT_ON_H100, "the absent list names unknown families"
         # The injected faults are what the families report, not just present.
         assert value(samples, "nodeagent_gpu_health_state", uuid=xid_gpu, state="healthy") == 0.0

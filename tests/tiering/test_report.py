@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
 from nodeagent.labels import FRAGMENTATION_ANNOTATION, STRANDED_GPUS_ANNOTATION
+from nodeagent.published import PublishedGpu, PublishedNode, encode
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.controlplane import ControlPlane
@@ -81,6 +82,23 @@ def mixed_cluster(review_plane, tmp_path_factory) -> Iterator[list[str]]:
                 STRANDED_GPUS_ANNOTATION: stranded,
             }
             nodes.patch(suffix, {"metadata": {"annotations": annotations}})
+        # l40s-a's agent publishes two shared GPUs: GPU 2 noisy, GPU 5 quiet.
+        shared = encode(
+            PublishedNode(
+                tuple(
+                    PublishedGpu(
+                        i,
+                        "NVIDIA L40S",
+                        pods=("team-a/infer-0", "team-b/infer-1") if i in (2, 5) else (),
+                        interference={2: 0.8, 5: 0.1}.get(i),
+                        shared_workloads=2 if i in (2, 5) else 0,
+                    )
+                    for i in range(8)
+                ),
+                allocations_known=True,
+            )
+        )
+        nodes.patch("l40s-a", {"metadata": {"annotations": {lbl.GPU_STATE_ANNOTATION: shared}}})
         core = client.CoreV1Api(plane.api_client())
         core.create_namespaced_pod(NAMESPACE, pod_manifest("train", node_name=nodes.name("h100-d")))
         ctl = controller(plane, identities, nodes)
@@ -135,6 +153,10 @@ def test_report_json(mixed_cluster):
     assert training["drains"] == 1, "the drain counts against the tier the node left"
     assert training["drain_causes"] == {"Xid79": 1}
     assert data["capacity_source"] == "annotations"
+    sharing = data["shared_gpus"]
+    assert (sharing["shared_gpus"], sharing["noisy_gpus"]) == (2, 1)
+    assert [(g["gpu"], g["interference_ratio"]) for g in sharing["gpus"]] == [(2, 0.8), (5, 0.1)]
+    assert sharing["gpus"][0]["pods"] == ["team-a/infer-0", "team-b/infer-1"]
 
 
 def test_report_table(mixed_cluster):
@@ -145,6 +167,9 @@ def test_report_table(mixed_cluster):
     training = next(line for line in lines if line.startswith("training"))
     assert re.match(r"training\s+3\s+24\s+3\s+0\s+0\s+0\s+1 \(", training)
     assert "Xid79 x1" in training
+    at = lines.index("Shared GPUs by interference")
+    assert lines[at + 1].split() == ["NODE", "TIER", "GPU", "WORKLOADS", "INTERFERENCE", "PODS"]
+    assert lines[at + 2].split()[2:5] == ["2", "2", "0.80"]
 
 
 def test_report_html_is_self_contained_with_charts(mixed_cluster, tmp_path):

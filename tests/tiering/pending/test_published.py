@@ -124,13 +124,27 @@ def test_the_provider_takes_health_and_pod_resources(
     store.publish(snapshot)
     gpu0 = snapshot.gpus[0].info.uuid
     held = Allocations(
-        0.0, True, pod_devices=(PodDevice("nvidia.com/gpu", gpu0, "p", "ns", "c", 1),)
+        0.0,
+        True,
+        pod_devices=(
+            PodDevice("nvidia.com/gpu", gpu0, "p", "ns", "c", 1),
+            # A second pod on the same time-sliced GPU, and a second container of the first.
+            PodDevice("nvidia.com/gpu", gpu0, "q", "ns", "c", 1),
+            PodDevice("nvidia.com/gpu", gpu0, "p", "ns", "side", 1),
+        ),
     )
     text = GpuStateAnnotation(store, None, lambda: held)()[lbl.GPU_STATE_ANNOTATION]
     published = decode(text)
     assert published.allocations_known
-    assert published.gpus[0].holder == "ns/p"
+    assert published.gpus[0].holder in {"ns/p", "ns/q"}
+    assert published.gpus[0].pods == ("ns/p", "ns/q")  # every pod a GPU remediation evicts
     assert published.gpus[1].holder is None
+    assert published.gpus[1].pods == ()
+    # The exporter's shared GPUs: interference of the worst device, and its workloads.
+    shared = GpuStateAnnotation(store, None, lambda: held, lambda: {gpu0: (0.634, 2)})
+    published = decode(shared()[lbl.GPU_STATE_ANNOTATION])
+    assert (published.gpus[0].interference, published.gpus[0].shared_workloads) == (0.63, 2)
+    assert published.gpus[1].interference is None
     unknown = Allocations(0.0, False, known=False)
     assert not decode(GpuStateAnnotation(store, None, lambda: unknown)()[
         lbl.GPU_STATE_ANNOTATION]).allocations_known  # fmt: skip

@@ -1,0 +1,185 @@
+"""Remediation steps that gate a GPU's return: reset (where allowed) and validation.
+
+With ``pools.<pool>.remediation.enabled`` the health model holds a GPU whose unhealthy fault
+has cleared (state ``unhealthy``, reason "awaiting validation"), so the device plugin keeps it
+withdrawn. This validator then runs the pool's steps in order, one GPU at a time:
+
+- ``reset``: resets the GPU, only where ``allow_reset`` is set, no compute process runs on it,
+  and fewer than ``max_resets`` resets happened in the last ``reset_period_s`` on this node;
+  otherwise the step is skipped (and says why);
+- ``validate``: runs the operator's ``validate_command`` with ``CUDA_VISIBLE_DEVICES`` set to
+  the GPU; exit 0 within ``validate_timeout_s`` passes. Without a command it passes at once.
+
+A step that fails (a reset that raises, a validation that fails) keeps the GPU held with the
+failure as its reason, and the GPU is tried again after ``retry_s``. When every step has
+passed (or was skipped), the GPU is released and healthy again. Every step is logged, counted
+(``nodeagent_gpu_remediation_steps_total``), and recorded as an Event on the node; the last
+validation's result and output tail are kept for the metrics and the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from nodeagent.config.policy import RemediationPolicy
+from nodeagent.gpu.errors import GpuError
+from nodeagent.health.model import HealthModel
+from nodeagent.kube.events import EventRecorder
+from nodeagent.kube.node import KubeUnavailableError
+
+log = logging.getLogger(__name__)
+
+OUTPUT_TAIL_BYTES = 2048
+POLL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One step on one GPU."""
+
+    gpu_index: int
+    uuid: str
+    step: str  # "reset" or "validate"
+    result: str  # "passed", "failed", "skipped"
+    detail: str
+    finished_s: float
+
+
+class GpuValidator:
+    """Runs the remediation steps of the GPUs the model holds for validation."""
+
+    def __init__(
+        self,
+        model: HealthModel,
+        policy: Callable[[], RemediationPolicy],
+        *,
+        reset: Callable[[int], None],
+        processes: Callable[[int], int],
+        recorder: EventRecorder | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self._reset = reset
+        self._processes = processes
+        self.recorder = recorder
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._resets: deque[float] = deque()
+        self._retry_at: dict[str, float] = {}
+        self._counts: dict[tuple[int, str, str, str], int] = {}
+        self.last: dict[str, StepResult] = {}  # last validate step per GPU UUID
+
+    def counts(self) -> Mapping[tuple[int, str, str, str], int]:
+        """Steps by (GPU index, UUID, step, result) since the agent started."""
+        with self._lock:
+            return dict(self._counts)
+
+    def passed(self) -> Mapping[str, bool]:
+        """Whether the last validate step passed, per GPU UUID."""
+        with self._lock:
+            return {uuid: r.result == "passed" for uuid, r in self.last.items()}
+
+    def last_validation(self) -> Mapping[str, StepResult]:
+        """The last validate step per GPU UUID."""
+        with self._lock:
+            return dict(self.last)
+
+    def _record(self, result: StepResult) -> None:
+        with self._lock:
+            key = (result.gpu_index, result.uuid, result.step, result.result)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            if result.step == "validate":
+                self.last[result.uuid] = result
+        failed = result.result == "failed"
+        message = f"GPU {result.gpu_index} ({result.uuid}): {result.step} {result.result}"
+        if result.detail:
+            message += f": {result.detail}"
+        log.log(logging.WARNING if failed else logging.INFO, "remediation: %s", message)
+        if self.recorder is not None:
+            reason = f"GPURemediation{result.step.capitalize()}{result.result.capitalize()}"
+            try:
+                self.recorder.node_event(reason, message, warning=failed)
+            except KubeUnavailableError as exc:
+                log.warning("could not record the remediation Event: %s", exc)
+
+    def _step_reset(self, index: int, uuid: str, policy: RemediationPolicy) -> StepResult:
+        now = self._clock()
+        while self._resets and now - self._resets[0] >= policy.reset_period_s:
+            self._resets.popleft()
+        why = None
+        if not policy.allow_reset:
+            why = "resets are not allowed (remediation.allow_reset is false)"
+        elif len(self._resets) >= policy.max_resets:
+            why = (
+                f"{len(self._resets)} reset(s) in the last {policy.reset_period_s:g}s: cap reached"
+            )
+        elif (running := self._processes(index)) > 0:
+            why = f"{running} process(es) run on it"
+        if why is not None:
+            return StepResult(index, uuid, "reset", "skipped", why, now)
+        self._resets.append(now)
+        try:
+            self._reset(index)
+        except GpuError as exc:
+            return StepResult(index, uuid, "reset", "failed", str(exc), self._clock())
+        return StepResult(index, uuid, "reset", "passed", "", self._clock())
+
+    def _step_validate(self, index: int, uuid: str, policy: RemediationPolicy) -> StepResult:
+        if not policy.validate_command:
+            return StepResult(index, uuid, "validate", "passed", "no command configured", 0.0)
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "NODEAGENT_VALIDATE_GPU": str(index)}
+        try:
+            done = subprocess.run(
+                list(policy.validate_command),
+                env=env,
+                capture_output=True,
+                timeout=policy.validate_timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            detail = f"timed out after {policy.validate_timeout_s:g}s"
+            return StepResult(index, uuid, "validate", "failed", detail, self._clock())
+        except OSError as exc:
+            return StepResult(index, uuid, "validate", "failed", f"could not start: {exc}", 0.0)
+        tail = (done.stdout + done.stderr)[-OUTPUT_TAIL_BYTES:].decode(errors="replace").strip()
+        result = "passed" if done.returncode == 0 else "failed"
+        detail = f"exit {done.returncode}" + (f": {tail}" if tail else "")
+        return StepResult(index, uuid, "validate", result, detail, self._clock())
+
+    def run_once(self) -> list[StepResult]:
+        """Run the steps of every held GPU that is due; returns the steps run."""
+        policy = self.policy()
+        out: list[StepResult] = []
+        for index, uuid, _ in self.model.pending_validation():
+            if self._clock() < self._retry_at.get(uuid, float("-inf")):
+                continue
+            failed: StepResult | None = None
+            for step in policy.steps:
+                run = self._step_reset if step == "reset" else self._step_validate
+                result = run(index, uuid, policy)
+                self._record(result)
+                out.append(result)
+                if result.result == "failed":
+                    failed = result
+                    break
+            if failed is None:
+                self._retry_at.pop(uuid, None)
+                self.model.finish_validation(uuid, True, "")
+                log.info("GPU %d (%s): remediation steps passed; it serves again", index, uuid)
+            else:
+                self._retry_at[uuid] = self._clock() + policy.retry_s
+                self.model.finish_validation(uuid, False, f"{failed.step}: {failed.detail}")
+        return out
+
+    def run(self, stop: threading.Event) -> None:
+        """Run due steps until ``stop`` is set."""
+        while not stop.wait(POLL_S):
+            self.run_once()

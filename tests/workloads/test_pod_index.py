@@ -1,0 +1,67 @@
+"""The pod index against the real API server: this node's pods, by UID and container ID."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from nodeagent.kube.pods import PodIndexPoller, container_id
+from nodeagent.testing.kube.controlplane import ControlPlane
+from nodeagent.testing.kube.nodes import create_node, pod_manifest
+
+CID = "f" * 64
+
+
+def test_lists_only_this_nodes_pods_with_their_container_ids(
+    control_plane: ControlPlane, kube_ns: str
+) -> None:
+    api = control_plane.api_client()
+    core = client.CoreV1Api(api)
+    here, there = f"{kube_ns}-gpu", f"{kube_ns}-other"
+    for node in (here, there):
+        create_node(api, node, gpus=8)
+    try:
+        mine = core.create_namespaced_pod(kube_ns, pod_manifest("mine", node_name=here))
+        core.create_namespaced_pod(kube_ns, pod_manifest("theirs", node_name=there))
+        # What a kubelet reports once the container runs: its runtime ID.
+        core.patch_namespaced_pod_status(
+            "mine",
+            kube_ns,
+            {
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/workload:1",
+                            "imageID": "",
+                            "ready": True,
+                            "restartCount": 0,
+                            "containerID": f"containerd://{CID}",
+                            "state": {"running": {}},
+                        }
+                    ],
+                }
+            },
+        )
+        poller = PodIndexPoller(core, here, 1.0)
+        index = poller.poll()
+        assert index is not None
+        mine_pods = {uid: ref for uid, ref in index.pods.items() if ref[0] == kube_ns}
+        assert mine_pods == {mine.metadata.uid: (kube_ns, "mine")}
+        assert index.containers[CID] == (mine.metadata.uid, "main")
+
+        # The API server away: the last index stays.
+        poller.api = client.CoreV1Api(
+            client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))
+        )
+        assert poller.poll() is index
+    finally:
+        for node in (here, there):
+            core.delete_node(node)
+
+
+def test_container_id_strips_the_runtime_scheme() -> None:
+    assert container_id(f"cri-o://{CID}") == CID
+    assert container_id(f"docker://{CID}") == CID
+    assert container_id("") is None
+    assert container_id(None) is None
