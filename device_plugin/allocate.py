@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,6 +19,7 @@ import grpc
 from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
 from nodeagent.config.policy import SharingMode
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
+from nodeagent.runtime.mps import MpsPaths
 from nodeagent_device_plugin.resources import PluginDevice
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -45,15 +45,6 @@ class AllocationError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class MpsPaths:
-    """Where one GPU's MPS daemon talks: host pipe directory and its path in the container."""
-
-    host_pipe_dir: Path
-    container_pipe_dir: Path
-    host_shm_dir: Path
 
 
 def validate(

@@ -24,9 +24,8 @@ from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health import HealthSource
-from nodeagent_device_plugin.allocate import MpsPaths
+from nodeagent.runtime.mps import MpsPaths, MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.health import HealthTracker
-from nodeagent_device_plugin.mps import MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.preferred import ScoreTable
 from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
 from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
