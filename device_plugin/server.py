@@ -206,7 +206,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             context.abort(exc.code, exc.message)
         for devices in chosen:
             response.container_responses.append(
-                container_response(devices, self.ctx.section, self.ctx.mps_paths)
+                container_response(
+                    devices, self.ctx.section, self.ctx.mps_paths, self._resource.name
+                )
             )
         return response
 

@@ -42,6 +42,7 @@ class MpsPaths:
     host_pipe_dir: Path
     container_pipe_dir: Path
     host_shm_dir: Path
+    host_log_dir: Path
 
 
 class MpsError(RuntimeError):
@@ -89,6 +90,7 @@ class MpsDaemon:
             host_pipe_dir=self.pipe_dir,
             container_pipe_dir=self.section.container_pipe_root / self.target.gpu_uuid / "pipe",
             host_shm_dir=self.section.shm_dir,
+            host_log_dir=self.log_dir,
         )
 
     def _env(self) -> dict[str, str]:
