@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,13 +18,16 @@ from nodeagent.config.device_plugin import MpsSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import Placement
 from nodeagent.runtime.lock import ProcessLock
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.drakubelet import OLDER, TestDraKubelet
 from nodeagent.testing.mps_control import daemon_pid, running
 from nodeagent.testing.nodes import enable_mig
 from nodeagent.testing.waiting import wait_until
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
+from nodeagent_dra.component import DraComponent
 from tests.dra.plugin_support import DRIVER, NODE, Claims, claim_json, make_driver, serve
+from tests.dra.test_publisher import agent_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -369,6 +373,42 @@ def test_mps_daemons_of_prepared_claims_survive_a_restart_and_are_restarted_when
     pid = daemon_pid(pipe)
     assert third.unprepare([ClaimRefOf(ref)]) == {ref[1]: ""}
     assert wait_until(lambda: not running(pid))
+
+
+def test_the_agent_restores_mps_daemons_before_serving_and_leaves_them_running_at_stop(
+    h100: GpuNode, tmp_path: Path, claims: Claims, mps_dir: Path
+) -> None:
+    config = agent_config(tmp_path, NODE, mps_dir=mps_dir)
+
+    def component() -> DraComponent:
+        made = DraComponent(config, h100, SnapshotStore(), None, mig_lock_file=tmp_path / "lock")
+        made.driver.claims = claims
+        return made
+
+    ref = claims.add(claim_json("shared", [("gpu", "gpu-2")], config=[_gpu_config(MPS_LIMITS)]))
+    assert component().driver.prepare([ClaimRefOf(ref)])[ref[1]].error == ""
+    gpu = h100.info(2).uuid
+    pipe = config.dra.mps_root / gpu / "pipe"
+    pid = daemon_pid(pipe)
+    os.kill(pid, signal.SIGKILL)  # the agent and its daemon went down together
+    assert wait_until(lambda: not running(pid))
+    restarted = component()
+    stop = threading.Event()
+    thread = threading.Thread(target=restarted.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: restarted.ready, timeout_s=10)
+        assert restarted.driver.mps.ready(gpu), "started again before the kubelet is served"
+        again = daemon_pid(pipe)
+        assert again != pid
+        assert running(again)
+    finally:
+        stop.set()
+        restarted.wake.set()
+        thread.join(10)
+    assert running(again), "stopping the agent leaves the claim's daemon to its containers"
+    assert restarted.driver.unprepare([ClaimRefOf(ref)]) == {ref[1]: ""}
+    assert wait_until(lambda: not running(again))
 
 
 def test_an_mps_daemon_that_cannot_start_fails_only_its_claim(
