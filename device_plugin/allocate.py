@@ -3,8 +3,10 @@
 Strategies follow NVIDIA's plugin so that the NVIDIA container runtime and CDI specs written
 for it work unchanged: ``envvar`` (NVIDIA_VISIBLE_DEVICES), ``volume-mounts`` (/dev/null mounts
 under /var/run/nvidia-container-devices, which an unprivileged pod cannot fake through env),
-``cdi-annotations`` and ``cdi-cri``. When every selected strategy is CDI, env and mounts are
-left out. MPS devices also get the pipe directory, shared memory and CUDA_MPS_PIPE_DIRECTORY.
+``cdi-annotations`` and ``cdi-cri``, and ``cdi``: CDI names in ``CDIDevices`` for the specs the
+agent writes itself (:mod:`nodeagent_device_plugin.cdi`). When every selected strategy is CDI,
+env and mounts are left out. MPS devices also get the pipe directory, shared memory and
+CUDA_MPS_PIPE_DIRECTORY (with ``cdi``, the pipe and its env come from the agent's spec).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,8 @@ import grpc
 from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
 from nodeagent.config.policy import SharingMode
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
+from nodeagent.runtime.mps import MpsPaths
+from nodeagent_device_plugin.cdi import device_names
 from nodeagent_device_plugin.resources import PluginDevice
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -45,15 +48,6 @@ class AllocationError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class MpsPaths:
-    """Where one GPU's MPS daemon talks: host pipe directory and its path in the container."""
-
-    host_pipe_dir: Path
-    container_pipe_dir: Path
-    host_shm_dir: Path
 
 
 def validate(
@@ -139,8 +133,9 @@ def container_response(
     chosen: Sequence[PluginDevice],
     section: DevicePluginSection,
     mps: Callable[[str], MpsPaths | None],
+    resource: str,
 ) -> api_pb2.ContainerAllocateResponse:
-    """The runtime instructions for one container's devices."""
+    """The runtime instructions for one container's devices of ``resource``."""
     response = api_pb2.ContainerAllocateResponse()
     uuids = list(dict.fromkeys(d.uuid for d in chosen))  # replicas of one GPU name it once
     strategies = section.strategies
@@ -165,18 +160,25 @@ def container_response(
         response.annotations[key] = ",".join(names)
     if DeviceListStrategy.CDI_CRI in strategies:
         response.cdi_devices.extend(api_pb2.CDIDevice(name=n) for n in names)
+    own_specs = DeviceListStrategy.CDI in strategies
+    if own_specs:
+        response.cdi_devices.extend(
+            api_pb2.CDIDevice(name=n) for n in device_names(section, resource, uuids)
+        )
     if section.pass_device_specs:
         _add_device_specs(response, chosen, section.dev_root)
     for gpu_uuid in dict.fromkeys(d.gpu_uuid for d in chosen):
         paths = mps(gpu_uuid)
         if paths is None:
             continue
-        response.envs[MPS_PIPE_ENV] = str(paths.container_pipe_dir)
-        response.mounts.append(
-            api_pb2.Mount(
-                container_path=str(paths.container_pipe_dir), host_path=str(paths.host_pipe_dir)
+        if not own_specs:  # the agent's CDI device mounts the pipe and sets the env itself
+            response.envs[MPS_PIPE_ENV] = str(paths.container_pipe_dir)
+            response.mounts.append(
+                api_pb2.Mount(
+                    container_path=str(paths.container_pipe_dir),
+                    host_path=str(paths.host_pipe_dir),
+                )
             )
-        )
         response.mounts.append(
             api_pb2.Mount(container_path="/dev/shm", host_path=str(paths.host_shm_dir))
         )

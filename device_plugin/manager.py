@@ -18,15 +18,15 @@ from pathlib import Path
 
 import grpc
 
-from nodeagent.config.device_plugin import DevicePluginSection
+from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
 from nodeagent.config.policy import PoolPolicy, SharingMode
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health import HealthSource
-from nodeagent_device_plugin.allocate import MpsPaths
+from nodeagent.runtime.mps import MpsPaths, MpsSupervisor, MpsTarget
+from nodeagent_device_plugin.cdi import CdiSpecs
 from nodeagent_device_plugin.health import HealthTracker
-from nodeagent_device_plugin.mps import MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.preferred import ScoreTable
 from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
 from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
@@ -75,6 +75,7 @@ class PluginManager:
             section.health_recovery_quiet_s, self.refresh, state_file=state_file
         )
         self.mps = MpsSupervisor(section.mps, self.refresh)
+        self.cdi = CdiSpecs()
         self._table = ScoreTable({})
         self._health_source = health
         self._ctx = self._serving_context()
@@ -120,6 +121,8 @@ class PluginManager:
             self._ctx = self._serving_context()
             self.mps.section = section.mps
             self.mps.sync(self._mps_targets(snapshot, resources))
+            cdi = DeviceListStrategy.CDI in section.strategies
+            self.cdi.sync(section, resources if cdi else {}, self.mps_paths)
             for name in list(self.servers):
                 if name not in resources:
                     self._retire(name)

@@ -47,6 +47,7 @@ class PluginDevice:
     mig_profile: str | None  # set for MIG devices
     replica: int | None  # replica number for shared devices
     sharing: Sharing  # how the physical GPU is shared
+    mig_ids: tuple[int, int] | None = None  # (GPU instance, compute instance) of a MIG device
 
     @property
     def shared(self) -> bool:
@@ -111,7 +112,7 @@ class SharingResolver:
 
 
 def _expand(
-    base: str, uuid: str, gpu: GpuState, sharing: Sharing, profile: str | None
+    base: str, uuid: str, gpu: GpuState, sharing: Sharing, instance: GpuInstance | None
 ) -> tuple[str, list[PluginDevice]]:
     """The resource name and devices for one GPU or MIG device under its sharing."""
     info = gpu.info
@@ -124,9 +125,14 @@ def _expand(
             gpu_uuid=info.uuid,
             minor_number=info.minor_number if info.minor_number is not None else info.index,
             numa_node=info.numa_node,
-            mig_profile=profile,
+            mig_profile=instance.profile if instance is not None else None,
             replica=replica,
             sharing=sharing,
+            mig_ids=(
+                (instance.instance_id, instance.compute_instances[0].instance_id)
+                if instance is not None and instance.compute_instances
+                else None
+            ),
         )
 
     if sharing.mode is SharingMode.EXCLUSIVE:
@@ -177,7 +183,7 @@ def build_resources(
                 # MPS does not support MIG devices (NVIDIA's rule too); keep them exclusive.
                 log.warning("GPU %d: MPS is not supported on MIG devices; exclusive", position)
                 sharing = _EXCLUSIVE
-            name, devices = _expand(base, uuid, gpu, sharing, instance.profile)
+            name, devices = _expand(base, uuid, gpu, sharing, instance)
             out.setdefault(name, []).extend(devices)
     for name, devices in out.items():
         too_long = [d.id for d in devices if len(d.id) > MAX_DEVICE_ID_LENGTH]

@@ -15,9 +15,9 @@ import grpc
 
 from nodeagent.config.device_plugin import DevicePluginSection
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from nodeagent.runtime.mps import MpsPaths
 from nodeagent_device_plugin.allocate import (
     AllocationError,
-    MpsPaths,
     container_response,
     id_list,
     validate_request,
@@ -206,7 +206,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             context.abort(exc.code, exc.message)
         for devices in chosen:
             response.container_responses.append(
-                container_response(devices, self.ctx.section, self.ctx.mps_paths)
+                container_response(
+                    devices, self.ctx.section, self.ctx.mps_paths, self._resource.name
+                )
             )
         return response
 

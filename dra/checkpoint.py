@@ -63,6 +63,34 @@ class MigIntent:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsRecord:
+    """The MPS control daemon a device of an MPS claim needs (rebuilt from here at restart)."""
+
+    uuid: str  # the GPU or MIG device the daemon serves
+    gpu_index: int
+    active_thread_percentage: int | None = None
+    pinned_memory_limit_mib: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "gpu": self.gpu_index,
+            "active_thread_percentage": self.active_thread_percentage,
+            "pinned_memory_limit_mib": self.pinned_memory_limit_mib,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MpsRecord:
+        pct, mem = d.get("active_thread_percentage"), d.get("pinned_memory_limit_mib")
+        return cls(
+            str(d["uuid"]),
+            int(d["gpu"]),
+            None if pct is None else int(pct),
+            None if mem is None else int(mem),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedDevice:
     """One device of a prepared claim, as NodePrepareResources returned it."""
 
@@ -72,6 +100,7 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...] = ()
     mig: MigIntent | None = None
     share_id: str | None = None
+    mps: MpsRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +110,7 @@ class PreparedDevice:
             "cdi_ids": list(self.cdi_ids),
             "mig": self.mig.to_json() if self.mig else None,
             "share_id": self.share_id,
+            "mps": self.mps.to_json() if self.mps else None,
         }
 
     @classmethod
@@ -92,6 +122,7 @@ class PreparedDevice:
             tuple(str(c) for c in d.get("cdi_ids", [])),
             MigIntent.from_json(d["mig"]) if d.get("mig") else None,
             None if d.get("share_id") is None else str(d["share_id"]),
+            MpsRecord.from_json(d["mps"]) if d.get("mps") else None,
         )
 
 
@@ -171,6 +202,13 @@ class Checkpoint:
     def intents(self) -> list[MigIntent]:
         """Every MIG instance the plugin made or is making."""
         return [d.mig for r in self.claims.values() for d in r.devices if d.mig is not None]
+
+    def mps_daemons(self) -> list[tuple[ClaimRecord, PreparedDevice, MpsRecord]]:
+        """The MPS daemons prepared claims need, oldest claim first."""
+        records = sorted(self.claims.values(), key=lambda r: r.since_s)
+        return [
+            (r, d, d.mps) for r in records if r.prepared for d in r.devices if d.mps is not None
+        ]
 
     def _write(self) -> None:
         write_json_atomic(

@@ -4,7 +4,9 @@ It serves the kubelet plugin (:mod:`nodeagent_dra.plugin`) and keeps this node's
 ResourceSlices current: after every snapshot, health transition and prepare/unprepare it
 builds the slices (:mod:`nodeagent_dra.slices`) and publishes them only when they differ from
 what it published last, with the pool generation bumped. Health reaches the slices as device
-taints through the health source, whose quiet period decides when a taint goes.
+taints through the health source, whose quiet period decides when a taint goes. The MPS
+daemons of prepared claims are restored at start and restarted when they stop answering; they
+outlive the agent (the claims' containers use them), so stopping the agent leaves them running.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class DraComponent:
             state_dir=config.state_dir,
             on_change=self.wake.set,
             proc_capabilities=proc_capabilities or PROC_CAPABILITIES,
+            mps=config.device_plugin.mps.model_copy(update={"root": section.mps_root.absolute()}),
         )
         self.server = PluginServer(
             self.driver,
@@ -217,11 +220,14 @@ class DraComponent:
             unsubscribe.append(self.health.subscribe(lambda _t: self.wake.set()))
         kube = self.config.kubernetes
         backoff = Backoff(kube.retry_initial_s, kube.retry_max_s)
+        # Daemons of claims prepared before a restart: their containers still talk to them.
+        self.driver.restore_mps()
         self.server.start()
         self._serving = True
         checked = time.monotonic()
         try:
             while not stop.is_set():
+                self.driver.check_mps()
                 snapshot = self.snapshots.latest
                 wait = TICK_S
                 if snapshot is not None:

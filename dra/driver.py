@@ -8,7 +8,10 @@ Both are idempotent and safe across restarts:
   (a plugin killed between create and checkpoint never creates a second one);
 * unprepare destroys only instances the plugin made, only when no process runs on them, and
   forgets the claim only once they are gone (a busy instance is an error for that claim, which
-  the kubelet retries).
+  the kubelet retries);
+* a device of an MPS claim gets an MPS control daemon (:mod:`nodeagent.runtime.mps`), started
+  when the first claim on it is prepared, stopped when the last is unprepared, and started
+  again (or adopted, when it still answers) from the checkpoint after a restart.
 
 Every MIG change holds the node-wide MIG lock, the one ``nodeagent mig apply`` and the agent's
 MIG reconciler take. A failure is an error on its claim only; the others go ahead.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,12 +30,14 @@ from typing import Any, Protocol
 
 from nodeagent.capacity import memory_slices_of
 from nodeagent.cdi import CdiDevice, CdiWriter, Mps, mig_cap_minors
+from nodeagent.config.device_plugin import MpsSection
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import GpuInstance, MigGeometry, MigProfile, Placement
 from nodeagent.runtime.lock import LockHeldError, ProcessLock
-from nodeagent_dra.checkpoint import Checkpoint, ClaimRecord, MigIntent, PreparedDevice
-from nodeagent_dra.sharing import SharingError, sharing_for
+from nodeagent.runtime.mps import MpsSupervisor, MpsTarget
+from nodeagent_dra.checkpoint import Checkpoint, ClaimRecord, MigIntent, MpsRecord, PreparedDevice
+from nodeagent_dra.sharing import Share, SharingError, sharing_for
 from nodeagent_dra.slices import profile_token
 
 log = logging.getLogger(__name__)
@@ -115,6 +119,7 @@ class Driver:
         on_change: Callable[[], None] = lambda: None,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         proc_capabilities: Path = PROC_CAPABILITIES,
+        mps: MpsSection | None = None,
     ) -> None:
         self.node = node
         self.claims = claims
@@ -129,6 +134,11 @@ class Driver:
         self.lock_timeout_s = lock_timeout_s
         self.proc_capabilities = proc_capabilities
         self._serial = threading.Lock()  # the kubelet may call concurrently; claims go in turn
+        self.mps = MpsSupervisor(
+            mps or MpsSection(root=state_dir / "dra" / "mps"),
+            lambda: None,
+            consequence="MPS claims on the device fail, or wait, until it answers",
+        )
 
     # --- what the slices need ----------------------------------------------------------------
 
@@ -188,11 +198,15 @@ class Driver:
             made = self._make_instances(ref, targets, by_device, mine)
             mine = self._mine(ref.uid)
             targets = [self._resolve(name, ref, mine) for name in by_device]
-        cdi_devices = []
+        shares = []
         for target in targets:
             requests = by_device[target.name]
-            share = next((sharing[r] for r in requests if r in sharing), sharing.get("*"))
-            cdi_devices.append(self._cdi_device(target, share, ref.uid))
+            shares.append(next((sharing[r] for r in requests if r in sharing), sharing.get("*")))
+        mps = [self._mps_record(t, share) for t, share in zip(targets, shares, strict=True)]
+        self._start_mps(ref, targets, mps)
+        cdi_devices = [
+            self._cdi_device(t, share, m) for t, share, m in zip(targets, shares, mps, strict=True)
+        ]
         ids = self.cdi.write(ref.uid, cdi_devices) if cdi_devices else []
         intents = {(i.gpu_index, i.profile, i.start): i for i in self._intents_of(ref.uid)}
         devices = tuple(
@@ -202,8 +216,9 @@ class Driver:
                 device=target.name,
                 cdi_ids=(cdi_id,),
                 mig=intents.get(_key(target)) if target.profile is not None else None,
+                mps=m,
             )
-            for target, cdi_id in zip(targets, ids, strict=True)
+            for target, cdi_id, m in zip(targets, ids, mps, strict=True)
         )
         self.checkpoint.put(
             ClaimRecord(
@@ -400,38 +415,106 @@ class Driver:
                 return  # keep the intents: a retry adopts, an unprepare destroys
         self.checkpoint.drop(ref.uid)
 
-    def _cdi_device(self, target: _Target, share: Any, uid: str) -> CdiDevice:
-        existing = target.existing
+    def _cdi_device(
+        self, target: _Target, share: Share | None, mps_record: MpsRecord | None
+    ) -> CdiDevice:
         if target.profile is None:
             uuids: tuple[str, ...] = (target.gpu_uuid,)
             caps: tuple[int, ...] = ()
         else:
-            if existing is None or existing.uuid is None:
-                raise PrepareError(f"{target.name}: the MIG instance has no compute instance")
-            uuids = (existing.uuid,)
+            uuids = (self._device_uuid(target),)
+            existing = target.existing
+            assert existing is not None  # _device_uuid checked
             ci = existing.compute_instances[0].instance_id
             caps = mig_cap_minors(
                 self.proc_capabilities, target.gpu_minor, existing.instance_id, ci
             )
         mps = None
-        env: tuple[str, ...] = ()
-        if share is not None:
-            env = share.env
-            if share.mps:
-                root = self.mps_root(uid)
-                (root / "pipe").mkdir(parents=True, exist_ok=True)
-                (root / "log").mkdir(parents=True, exist_ok=True)
-                mps = Mps(
-                    root / "pipe",
-                    root / "log",
-                    share.active_thread_percentage,
-                    share.pinned_memory_limit_mib,
-                )
+        if mps_record is not None:
+            daemon = self.mps.daemon(mps_record.uuid)
+            assert daemon is not None  # _start_mps started it
+            mps = Mps(
+                daemon.pipe_dir,
+                daemon.log_dir,
+                mps_record.active_thread_percentage,
+                mps_record.pinned_memory_limit_mib,
+            )
+        env = share.env if share is not None else ()
         return CdiDevice(target.name, uuids, (target.gpu_minor,), caps, mps, env)
 
-    def mps_root(self, uid: str) -> Path:
-        """The MPS pipe and log directories of one claim's containers."""
-        return self.state_dir / "dra" / "mps" / uid
+    @staticmethod
+    def _device_uuid(target: _Target) -> str:
+        """The UUID containers see the device by: the GPU's, or the MIG device's."""
+        if target.profile is None:
+            return target.gpu_uuid
+        existing = target.existing
+        if existing is None or existing.uuid is None:
+            raise PrepareError(f"{target.name}: the MIG instance has no compute instance")
+        return existing.uuid
+
+    def _mps_record(self, target: _Target, share: Share | None) -> MpsRecord | None:
+        uuid = self._device_uuid(target)
+        if share is None or not share.mps:
+            return None
+        return MpsRecord(
+            uuid, target.gpu_index, share.active_thread_percentage, share.pinned_memory_limit_mib
+        )
+
+    # --- MPS control daemons ----------------------------------------------------------------
+
+    def _mps_targets(self, extra: Sequence[MpsRecord] = ()) -> dict[str, MpsTarget]:
+        """One daemon per device of the prepared MPS claims (and ``extra``); the oldest claim
+        on a device sets its daemon's defaults."""
+        out: dict[str, MpsTarget] = {}
+        records = [m for _r, _d, m in self.checkpoint.mps_daemons()] + list(extra)
+        for m in records:
+            out.setdefault(
+                m.uuid,
+                MpsTarget(m.uuid, m.gpu_index, 1, m.active_thread_percentage,
+                          m.pinned_memory_limit_mib),
+            )  # fmt: skip
+        return out
+
+    def _start_mps(
+        self, ref: ClaimRef, targets: Sequence[_Target], mps: Sequence[MpsRecord | None]
+    ) -> None:
+        """Start (or keep) the daemons this claim needs; PrepareError when one does not answer."""
+        wanted = [m for m in mps if m is not None]
+        if not wanted:
+            return
+        self.mps.sync(self._mps_targets(wanted))
+        names = {m.uuid: t.name for t, m in zip(targets, mps, strict=True) if m is not None}
+        failed = [(uuid, self.mps.daemon(uuid)) for uuid in names if not self.mps.ready(uuid)]
+        if not failed:
+            return
+        self.mps.sync(self._mps_targets())  # no daemon left behind for a claim not prepared
+        reasons = "; ".join(
+            f"{names[uuid]}: {daemon.last_error if daemon else 'not started'}"
+            for uuid, daemon in failed
+        )
+        raise PrepareError(
+            f"claim {ref.namespace}/{ref.name}: MPS control daemon did not start ({reasons})"
+        )
+
+    def restore_mps(self) -> None:
+        """Start again (or adopt, when they still answer) the daemons of the claims in the
+        checkpoint: at agent start, before the kubelet is served."""
+        targets = self._mps_targets()
+        if not targets:
+            return
+        self.mps.sync(targets)
+        for record, device, mps in self.checkpoint.mps_daemons():
+            if self.mps.ready(mps.uuid):
+                log.info(
+                    "MPS daemon for %s of claim %s/%s answers",
+                    device.device,
+                    record.namespace,
+                    record.name,
+                )
+
+    def check_mps(self) -> bool:
+        """Start daemons that stopped answering again (at most every check interval)."""
+        return self.mps.check()
 
     # --- unprepare --------------------------------------------------------------------------
 
@@ -467,8 +550,9 @@ class Driver:
             finally:
                 self.mig_lock.release()
         self.cdi.remove(ref.uid)
-        shutil.rmtree(self.mps_root(ref.uid), ignore_errors=True)
         self.checkpoint.drop(ref.uid)
+        if any(d.mps is not None for d in record.devices):
+            self.mps.sync(self._mps_targets())  # stops daemons no prepared claim needs
         log.info("unprepared claim %s/%s", ref.namespace, ref.name)
         return bool(intents)
 

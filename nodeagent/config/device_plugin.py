@@ -42,11 +42,16 @@ class DeviceListStrategy(enum.StrEnum):
     VOLUME_MOUNTS = "volume-mounts"  # /dev/null mounts under /var/run/nvidia-container-devices
     CDI_ANNOTATIONS = "cdi-annotations"  # CDI device names in container annotations
     CDI_CRI = "cdi-cri"  # CDI device names in the CRI cdi_devices field
+    CDI = "cdi"  # like cdi-cri, for CDI specs the agent writes itself (nodeagent.cdi)
 
     @property
     def is_cdi(self) -> bool:
         """Whether this strategy names devices through CDI."""
-        return self in (DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI)
+        return self in (
+            DeviceListStrategy.CDI_ANNOTATIONS,
+            DeviceListStrategy.CDI_CRI,
+            DeviceListStrategy.CDI,
+        )
 
 
 def _replica_devices(value: Any) -> Literal["all"] | int | tuple[str, ...]:
@@ -244,7 +249,8 @@ class DevicePluginSection(Schema):
     ] = Field(
         (DeviceListStrategy.ENVVAR,),
         min_length=1,
-        description="one strategy or a list: envvar | volume-mounts | cdi-annotations | cdi-cri",
+        description="one strategy or a list: envvar | volume-mounts | cdi-annotations | "
+        "cdi-cri | cdi",
     )
     cdi_annotation_prefix: str = Field(
         "cdi.k8s.io/", description="annotation key prefix for cdi-annotations"
@@ -252,6 +258,13 @@ class DevicePluginSection(Schema):
     cdi_kind: str = Field(
         "k8s.device-plugin.nvidia.com/gpu",
         description="CDI vendor/class; names are <kind>=<id>",
+    )
+    cdi_spec_dir: Path = Field(
+        Path("/var/run/cdi"), description="where the cdi strategy writes its CDI specs"
+    )
+    cdi_spec_kind: str = Field(
+        "k8s.device-plugin.nodeagent.io/gpu",
+        description="CDI vendor/class of the specs the cdi strategy writes",
     )
     pass_device_specs: bool = Field(
         False, description="also return /dev/nvidia* DeviceSpecs (CPU manager compat)"
@@ -283,7 +296,7 @@ class DevicePluginSection(Schema):
             raise ValueError(f"must end with '/', got {prefix!r}")
         return prefix
 
-    @field_validator("cdi_kind")
+    @field_validator("cdi_kind", "cdi_spec_kind")
     @classmethod
     def _vendor_slash_class(cls, kind: str) -> str:
         if "/" not in kind or "=" in kind:

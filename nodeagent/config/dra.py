@@ -49,6 +49,11 @@ class DraSection(Schema):
     publish_slices: bool = Field(
         True, description="publish ResourceSlices (needs kubernetes.enabled)"
     )
+    mps_root: Path = Field(
+        Path("/run/nodeagent/dra/mps"),
+        description="MPS daemons of claims, per device: <root>/<uuid>/pipe and log (the "
+        "binary and timeouts are device_plugin.mps's)",
+    )
     device_classes: DeviceClassNames = Field(
         DeviceClassNames.NODEAGENT, description="DeviceClass names: nodeagent or nvidia"
     )

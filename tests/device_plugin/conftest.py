@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -16,12 +15,11 @@ import pytest
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.testing import mps_control
 from nodeagent.testing.health import ScriptedHealth
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent.testing.nodes import enable_mig
 from nodeagent_device_plugin.manager import PluginManager
-
-HERE = Path(__file__).parent
 
 
 def make_config(data: Mapping[str, Any] | None = None) -> AgentConfig:
@@ -55,10 +53,7 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture
 def mps_binary(short_dir: Path) -> Path:
     """An executable stand-in for nvidia-cuda-mps-control."""
-    wrapper = short_dir / "nvidia-cuda-mps-control"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {HERE / "fake_mps_control.py"} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
+    return mps_control.install(short_dir)
 
 
 @pytest.fixture

@@ -6,11 +6,9 @@ import os
 import signal
 import time
 
+from nodeagent.testing.mps_control import daemon_pid
+
 MPS = {"mode": "mps", "replicas": 4}
-
-
-def _daemon_pid(pipe_dir) -> int:
-    return int((pipe_dir / "nvidia-cuda-mps-control.pid").read_text())
 
 
 def _mps_config(binary, sharing):
@@ -52,11 +50,11 @@ def test_dead_daemon_marks_replicas_unhealthy_and_is_restarted(run_plugin, mps_b
 
     kubelet.wait_devices("nvidia.com/gpu", all_("Healthy"))
     daemon = plugin.manager.mps.daemon(u)
-    first = _daemon_pid(daemon.pipe_dir)
+    first = daemon_pid(daemon.pipe_dir)
     os.kill(first, signal.SIGKILL)
     kubelet.wait_devices("nvidia.com/gpu", all_("Unhealthy"), 3.0)
     kubelet.wait_devices("nvidia.com/gpu", all_("Healthy"), 5.0)
-    assert _daemon_pid(daemon.pipe_dir) != first
+    assert daemon_pid(daemon.pipe_dir) != first
     assert daemon.starts == 2
 
 
@@ -73,7 +71,7 @@ def test_daemon_is_stopped_cleanly_on_shutdown(run_plugin, mps_binary) -> None:
     u = plugin.uuid(1)
     plugin.kubelet.wait_devices("nvidia.com/gpu", lambda d: d.get(f"{u}::0", ("",))[0] == "Healthy")
     daemon = plugin.manager.mps.daemon(u)
-    pid = _daemon_pid(daemon.pipe_dir)
+    pid = daemon_pid(daemon.pipe_dir)
     plugin.manager.shutdown()
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:

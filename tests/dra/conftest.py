@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import MigGeometry, MigProfile
+from nodeagent.testing import mps_control
 from nodeagent.testing.nodes import enable_mig
 
 VARIANTS = ("off", "static", "dynamic")
@@ -49,3 +56,16 @@ def shaped(make_node: Callable[..., GpuNode]) -> Callable[[str, str], GpuNode]:
         return node
 
     return make
+
+
+@pytest.fixture
+def mps_dir() -> Iterator[Path]:
+    """A short directory for MPS pipe sockets (unix socket paths are limited to 107 bytes)
+    holding the stand-in ``nvidia-cuda-mps-control``."""
+    path = Path(tempfile.mkdtemp(prefix="dra-mps-"))
+    mps_control.install(path)
+    yield path
+    for pid_file in path.rglob("nvidia-cuda-mps-control.pid"):  # a daemon a failed test left
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.cdi import CdiWriter
+from nodeagent.config.device_plugin import MpsSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.lock import ProcessLock
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
@@ -72,6 +73,7 @@ def make_driver(
     *,
     dynamic_mig: bool = True,
     lock_timeout_s: float = 5.0,
+    mps: MpsSection | None = None,
 ) -> Driver:
     state = root / "state"
     return Driver(
@@ -85,6 +87,7 @@ def make_driver(
         dynamic_mig=dynamic_mig,
         state_dir=state,
         lock_timeout_s=lock_timeout_s,
+        mps=mps,
     )
 
 

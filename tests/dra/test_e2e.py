@@ -22,6 +22,7 @@ from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.drakubelet import DraConnection, TestDraKubelet
 from nodeagent.testing.kube.nodes import create_node
+from nodeagent.testing.mps_control import daemon_pid, running
 from nodeagent.testing.nodes import enable_mig
 from nodeagent.testing.waiting import wait_until
 from nodeagent_dra.component import DraComponent
@@ -116,6 +117,7 @@ def rig(
     kubelets: Any,
     make_node: Callable[..., GpuNode],
     tmp_path: Path,
+    mps_dir: Path,
 ) -> Iterator[Rig]:
     control_plane.apply(CLASSES)
     name = f"dra-e2e-{uuid.uuid4().hex[:6]}"
@@ -123,7 +125,7 @@ def rig(
     create_node(api_client, name)
     node = make_node("dgx-h100")
     enable_mig(node, {i: [] for i in MIG_GPUS})
-    config = agent_config(tmp_path, name)
+    config = agent_config(tmp_path, name, mps_dir=mps_dir)
     component = DraComponent(
         config,
         node,
@@ -341,8 +343,18 @@ def test_a_claim_shared_by_two_containers_through_mps_on_a_dynamic_mig_device(ri
     answer = rig.kubelet.prepare([(rig.ns, uid, "shared-1g")])[uid]
     assert answer.error == ""
     spec = rig.component.driver.cdi.spec_path(uid).read_text()
-    assert "CUDA_MPS_PIPE_DIRECTORY" in spec
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in spec
     assert len(nvml_layout(rig.node)) == 1
+    # The instance's MPS control daemon runs, with the claim's limit as its default...
+    (gi,) = [gi for i in MIG_GPUS for gi in rig.node.mig_instances(i)]
+    assert gi.uuid is not None
+    pipe = rig.component.config.dra.mps_root / gi.uuid / "pipe"
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in spec
+    pid = daemon_pid(pipe)
+    assert running(pid)
+    control_log = (pipe.parent / "log" / "control.log").read_text().splitlines()
+    assert "set_default_active_thread_percentage 50" in control_log
+    # ...and stops once the claim is unprepared.
     assert rig.kubelet.unprepare([(rig.ns, uid, "shared-1g")]) == {uid: ""}
+    assert wait_until(lambda: not running(pid), timeout_s=5)
     rig.release("two", "shared-1g")

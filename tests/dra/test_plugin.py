@@ -8,19 +8,26 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from nodeagent.config.device_plugin import MpsSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import Placement
 from nodeagent.runtime.lock import ProcessLock
+from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.drakubelet import OLDER, TestDraKubelet
+from nodeagent.testing.mps_control import daemon_pid, running
 from nodeagent.testing.nodes import enable_mig
+from nodeagent.testing.waiting import wait_until
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
+from nodeagent_dra.component import DraComponent
 from tests.dra.plugin_support import DRIVER, NODE, Claims, claim_json, make_driver, serve
+from tests.dra.test_publisher import agent_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -281,34 +288,144 @@ def _gpu_config(
     return entry
 
 
-def test_mps_on_a_dynamic_mig_device_mounts_the_pipe_and_sets_the_limits(
-    plugin: tuple, h100: GpuNode, claims: Claims
-) -> None:
-    driver, _, connection = plugin
-    mps = {
-        "strategy": "MPS",
-        "mpsConfig": {
-            "defaultActiveThreadPercentage": 50,
-            "defaultPinnedDeviceMemoryLimit": "10Gi",
-        },
-    }
-    ref = claims.add(
-        claim_json("shared", [("mig", "gpu-0-mig-3g40gb-9-4")], config=[_gpu_config(mps)])
+MPS_LIMITS = {
+    "strategy": "MPS",
+    "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+}
+
+
+def mps_section(mps_dir: Path, binary: Path | None = None) -> MpsSection:
+    return MpsSection(
+        root=mps_dir / "mps",
+        control_binary=binary or mps_dir / "nvidia-cuda-mps-control",
+        start_timeout_s=5.0,
+        check_interval_s=0.1,
     )
-    answer = connection.prepare([ref])[ref[1]]
-    assert answer.error == ""
-    assert instances(h100, 0) == ["3g.40gb@4:4"], "MPS together with dynamic MIG"
-    spec = json.loads(driver.cdi.spec_path(ref[1]).read_text())
-    edits = spec["devices"][0]["containerEdits"]
-    pipe = driver.mps_root(ref[1]) / "pipe"
-    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["env"]
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
-    uuid = h100.mig_instances(0)[0].uuid
-    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=10240M" in edits["env"]
-    assert edits["mounts"][0]["hostPath"] == str(pipe)
-    assert pipe.is_dir()
-    assert connection.unprepare([ref]) == {ref[1]: ""}
-    assert not driver.mps_root(ref[1]).exists()
+
+
+def test_an_mps_claim_runs_its_daemon_with_the_claims_limits_while_prepared(
+    h100: GpuNode, tmp_path: Path, claims: Claims, mps_dir: Path
+) -> None:
+    driver = make_driver(h100, tmp_path, claims, mps=mps_section(mps_dir))
+    server = serve(driver, tmp_path)
+    kubelet = TestDraKubelet(tmp_path / "plugins_registry")
+    try:
+        connection = kubelet.register()
+        ref = claims.add(
+            claim_json(
+                "shared", [("mig", "gpu-0-mig-3g40gb-9-4")], config=[_gpu_config(MPS_LIMITS)]
+            )
+        )
+        answer = connection.prepare([ref])[ref[1]]
+        assert answer.error == ""
+        assert instances(h100, 0) == ["3g.40gb@4:4"], "MPS together with dynamic MIG"
+        uuid = h100.mig_instances(0)[0].uuid
+        assert uuid is not None
+        pipe, log_dir = mps_dir / "mps" / uuid / "pipe", mps_dir / "mps" / uuid / "log"
+        pid = daemon_pid(pipe)
+        assert running(pid)
+        control_log = (log_dir / "control.log").read_text().splitlines()
+        assert "set_default_active_thread_percentage 50" in control_log
+        assert "set_default_device_pinned_mem_limit 0 10240M" in control_log
+        edits = json.loads(driver.cdi.spec_path(ref[1]).read_text())["devices"][0]["containerEdits"]
+        assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["env"]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
+        assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=10240M" in edits["env"]
+        assert edits["mounts"][0]["hostPath"] == str(pipe)
+        assert connection.unprepare([ref]) == {ref[1]: ""}
+        assert wait_until(lambda: not running(pid)), "the last claim on the device is gone"
+        assert driver.mps.daemon(uuid) is None
+    finally:
+        kubelet.close()
+        server.stop()
+
+
+def test_mps_daemons_of_prepared_claims_survive_a_restart_and_are_restarted_when_dead(
+    h100: GpuNode, tmp_path: Path, claims: Claims, mps_dir: Path
+) -> None:
+    first = make_driver(h100, tmp_path, claims, mps=mps_section(mps_dir))
+    ref = claims.add(claim_json("shared", [("gpu", "gpu-2")], config=[_gpu_config(MPS_LIMITS)]))
+    assert first.prepare([ClaimRefOf(ref)])[ref[1]].error == ""
+    gpu = h100.info(2).uuid  # MIG off: the daemon serves the whole GPU
+    pipe = mps_dir / "mps" / gpu / "pipe"
+    pid = daemon_pid(pipe)
+    # The agent restarts: a new driver from the same checkpoint adopts the running daemon.
+    second = make_driver(h100, tmp_path, claims, mps=mps_section(mps_dir))
+    second.restore_mps()
+    daemon = second.mps.daemon(gpu)
+    assert daemon is not None
+    assert daemon.ready
+    assert daemon.starts == 0, "adopted, not started twice"
+    assert daemon_pid(pipe) == pid
+    # The daemon dies while the claim is prepared: the next check starts it again.
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not running(pid))
+    assert wait_until(lambda: second.check_mps() and daemon.ready, timeout_s=5)
+    assert daemon_pid(pipe) != pid
+    assert daemon.starts == 1
+    # Dead while the agent was away: the restarted agent starts it from the checkpoint.
+    pid = daemon_pid(pipe)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not running(pid))
+    third = make_driver(h100, tmp_path, claims, mps=mps_section(mps_dir))
+    third.restore_mps()
+    assert third.mps.ready(gpu)
+    pid = daemon_pid(pipe)
+    assert third.unprepare([ClaimRefOf(ref)]) == {ref[1]: ""}
+    assert wait_until(lambda: not running(pid))
+
+
+def test_the_agent_restores_mps_daemons_before_serving_and_leaves_them_running_at_stop(
+    h100: GpuNode, tmp_path: Path, claims: Claims, mps_dir: Path
+) -> None:
+    config = agent_config(tmp_path, NODE, mps_dir=mps_dir)
+
+    def component() -> DraComponent:
+        made = DraComponent(config, h100, SnapshotStore(), None, mig_lock_file=tmp_path / "lock")
+        made.driver.claims = claims
+        return made
+
+    ref = claims.add(claim_json("shared", [("gpu", "gpu-2")], config=[_gpu_config(MPS_LIMITS)]))
+    assert component().driver.prepare([ClaimRefOf(ref)])[ref[1]].error == ""
+    gpu = h100.info(2).uuid
+    pipe = config.dra.mps_root / gpu / "pipe"
+    pid = daemon_pid(pipe)
+    os.kill(pid, signal.SIGKILL)  # the agent and its daemon went down together
+    assert wait_until(lambda: not running(pid))
+    restarted = component()
+    stop = threading.Event()
+    thread = threading.Thread(target=restarted.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: restarted.ready, timeout_s=10)
+        assert restarted.driver.mps.ready(gpu), "started again before the kubelet is served"
+        again = daemon_pid(pipe)
+        assert again != pid
+        assert running(again)
+    finally:
+        stop.set()
+        restarted.wake.set()
+        thread.join(10)
+    assert running(again), "stopping the agent leaves the claim's daemon to its containers"
+    assert restarted.driver.unprepare([ClaimRefOf(ref)]) == {ref[1]: ""}
+    assert wait_until(lambda: not running(again))
+
+
+def test_an_mps_daemon_that_cannot_start_fails_only_its_claim(
+    h100: GpuNode, tmp_path: Path, claims: Claims, mps_dir: Path
+) -> None:
+    section = mps_section(mps_dir, binary=mps_dir / "no-such-mps-control")
+    driver = make_driver(h100, tmp_path, claims, mps=section)
+    mps = claims.add(claim_json("mps", [("gpu", "gpu-2")], config=[_gpu_config(MPS_LIMITS)]))
+    plain = claims.add(claim_json("plain", [("gpu", "gpu-3")]))
+    out = driver.prepare([ClaimRefOf(mps), ClaimRefOf(plain)])
+    assert out[plain[1]].error == ""
+    error = out[mps[1]].error
+    assert error.startswith("claim team-a/mps: MPS control daemon did not start (gpu-2: ")
+    assert "no-such-mps-control" in error
+    assert not driver.cdi.spec_path(mps[1]).exists()
+    assert mps[1] not in driver.checkpoint.claims
+    assert driver.mps.daemon(h100.info(2).uuid) is None, "no daemon left retrying"
 
 
 def test_time_slicing_and_nvidias_parameter_group_are_read_and_bad_ones_fail_their_claim(

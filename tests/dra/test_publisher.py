@@ -26,11 +26,18 @@ from nodeagent_dra.component import DraComponent
 QUIET_S = 120.0
 
 
-def agent_config(tmp_path: Path, node_name: str, **dra: Any) -> AgentConfig:
+def agent_config(
+    tmp_path: Path, node_name: str, mps_dir: Path | None = None, **dra: Any
+) -> AgentConfig:
+    """The agent config of the DRA tests; ``mps_dir``: the MPS root and stand-in binary."""
+    if mps_dir is not None:
+        dra["mps_root"] = str(mps_dir / "mps")
+    mps = {"control_binary": str(mps_dir / "nvidia-cuda-mps-control")} if mps_dir else {}
     return load_agent_config(
         None,
         environ={},
         overrides={
+            "device_plugin": {"mps": {**mps, "check_interval_s": 0.1}},
             "node": {"name": node_name},
             "state_dir": str(tmp_path / "state"),
             "dra": {

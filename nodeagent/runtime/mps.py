@@ -1,10 +1,13 @@
-"""MPS control daemons: one per GPU shared through MPS, each with its own pipe and log dirs.
+"""MPS control daemons: one per device shared through MPS, each with its own pipe and log dirs.
+
+Shared by the device plugin (one daemon per GPU it advertises as MPS replicas) and the DRA
+driver (one daemon per device of a prepared MPS claim); each feature keeps its own root.
 
 The daemon is ``nvidia-cuda-mps-control -d``; it forks into the background, so it is supervised
 through its control interface rather than a child PID: a command piped to
 ``nvidia-cuda-mps-control`` (same ``CUDA_MPS_PIPE_DIRECTORY``) succeeds only while the daemon
-answers. A GPU's replicas are advertised Healthy only while its daemon answers; a daemon that
-stops answering is started again.
+answers. The device plugin advertises a GPU's replicas Healthy only while its daemon answers; a
+daemon that stops answering is started again.
 
 Limits are set by control commands, as NVIDIA's plugin does, not by container env: the default
 active-thread percentage and the default pinned device memory limit per client. The daemon sees
@@ -22,14 +25,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from nodeagent.config.device_plugin import MpsSection
 from nodeagent.config.policy import Sharing
-from nodeagent_device_plugin.allocate import MpsPaths
 
 log = logging.getLogger(__name__)
 
 PROBE = "get_default_active_thread_percentage"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsPaths:
+    """Where one GPU's MPS daemon talks: host pipe directory and its path in the container."""
+
+    host_pipe_dir: Path
+    container_pipe_dir: Path
+    host_shm_dir: Path
+    host_log_dir: Path
 
 
 class MpsError(RuntimeError):
@@ -38,13 +51,14 @@ class MpsError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class MpsTarget:
-    """What one GPU's daemon should look like."""
+    """What one device's daemon should look like (``gpu_uuid``: the GPU or MIG device the
+    daemon sees as device 0); a limit of None is left at the daemon's own default."""
 
     gpu_uuid: str
     gpu_index: int
     replicas: int
-    active_thread_percentage: int  # per client
-    pinned_memory_limit_mib: int  # per client
+    active_thread_percentage: int | None  # per client
+    pinned_memory_limit_mib: int | None  # per client
 
     @classmethod
     def for_gpu(cls, gpu_uuid: str, gpu_index: int, sharing: Sharing, memory_mib: int) -> MpsTarget:
@@ -76,6 +90,7 @@ class MpsDaemon:
             host_pipe_dir=self.pipe_dir,
             container_pipe_dir=self.section.container_pipe_root / self.target.gpu_uuid / "pipe",
             host_shm_dir=self.section.shm_dir,
+            host_log_dir=self.log_dir,
         )
 
     def _env(self) -> dict[str, str]:
@@ -160,10 +175,17 @@ class MpsDaemon:
                         f"{self.section.start_timeout_s:g}s ({self.last_error})"
                     )
                 time.sleep(0.02)
-        self.control(
-            f"set_default_active_thread_percentage {self.target.active_thread_percentage}",
-            f"set_default_device_pinned_mem_limit 0 {self.target.pinned_memory_limit_mib}M",
-        )
+        limits = []
+        if self.target.active_thread_percentage is not None:
+            limits.append(
+                f"set_default_active_thread_percentage {self.target.active_thread_percentage}"
+            )
+        if self.target.pinned_memory_limit_mib is not None:
+            limits.append(
+                f"set_default_device_pinned_mem_limit 0 {self.target.pinned_memory_limit_mib}M"
+            )
+        if limits:
+            self.control(*limits)
         self.ready = True
         self.last_error = None
 
@@ -182,8 +204,15 @@ class MpsDaemon:
 class MpsSupervisor:
     """Keeps one daemon per MPS GPU running with the wanted limits."""
 
-    def __init__(self, section: MpsSection, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        section: MpsSection,
+        on_change: Callable[[], None],
+        *,
+        consequence: str = "its replicas are advertised Unhealthy until it answers",
+    ) -> None:
         self.section = section
+        self._consequence = consequence
         self._on_change = on_change
         self._daemons: dict[str, MpsDaemon] = {}
         self._lock = threading.RLock()
@@ -212,7 +241,7 @@ class MpsSupervisor:
             log.info("MPS daemon for GPU %s answers", daemon.target.gpu_uuid)
         except MpsError as exc:
             daemon.last_error = str(exc)
-            log.error("%s; its replicas are advertised Unhealthy until it answers", exc)
+            log.error("%s; %s", exc, self._consequence)
 
     def check(self, force: bool = False) -> bool:
         """Restart daemons that stopped answering (at most every check interval)."""

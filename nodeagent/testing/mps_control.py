@@ -5,12 +5,18 @@ writes its PID to ``nvidia-cuda-mps-control.pid`` there and logs commands to
 ``$CUDA_MPS_LOG_DIRECTORY/control.log``. Without ``-d``, commands read from stdin are sent to
 the daemon one per line and the answers printed; exit status 1 when no daemon answers, as the
 real client does. ``quit`` stops the daemon.
+
+:func:`install` writes an executable ``nvidia-cuda-mps-control`` that runs it.
 """
+
+from __future__ import annotations
 
 import os
 import socket
 import sys
+from pathlib import Path
 
+PID_FILE = "nvidia-cuda-mps-control.pid"
 DEFAULTS = {"active_thread_percentage": "100"}
 
 
@@ -21,7 +27,7 @@ def _daemon(pipe_dir: str, log_dir: str) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(8)
-    with open(os.path.join(pipe_dir, "nvidia-cuda-mps-control.pid"), "w") as f:
+    with open(os.path.join(pipe_dir, PID_FILE), "w") as f:
         f.write(str(os.getpid()))
     log = open(os.path.join(log_dir, "control.log"), "a", buffering=1)  # noqa: SIM115 - lives as long as the daemon
     while True:
@@ -44,6 +50,28 @@ def _daemon(pipe_dir: str, log_dir: str) -> None:
             else:
                 answer = "unknown command"
             conn.sendall((answer + "\n").encode())
+
+
+def install(directory: Path) -> Path:
+    """An executable stand-in ``<directory>/nvidia-cuda-mps-control``; its path."""
+    wrapper = directory / "nvidia-cuda-mps-control"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def daemon_pid(pipe_dir: Path) -> int:
+    """The PID of the daemon listening in ``pipe_dir`` (from its PID file)."""
+    return int((pipe_dir / PID_FILE).read_text())
+
+
+def running(pid: int) -> bool:
+    """Whether a process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def main() -> int:
