@@ -45,7 +45,14 @@ def main() -> None:
     script = Path(sys.executable).parent / "nodeagent"
     entry = [str(script)] if script.exists() else [sys.executable, "-m", "nodeagent.cli.main"]
     state = Path(tempfile.mkdtemp(prefix="cli-startup-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    # An installed nodeagent runs from bytecode (pip compiles a wheel's modules at install;
+    # an editable install caches them at first import): a shell that forbids writing bytecode
+    # would time compiling every module from source instead.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("NODEAGENT_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env.update(NODEAGENT_SIMULATE=args.preset, NODEAGENT_SIM_STATE=str(state / "sim"))
     env["NODEAGENT_STATE_DIR"] = str(state / "agent")
     subprocess.run([*entry, "gpus"], env=env, stdout=subprocess.DEVNULL, check=True)  # seed

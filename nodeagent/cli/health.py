@@ -26,7 +26,7 @@ from nodeagent.cli.common import (
     StateDirOption,
     emit_json,
     fail,
-    load_config_or_exit,
+    fail_config,
     open_node_or_exit,
     print_table,
 )
@@ -63,12 +63,18 @@ def _evaluate(
     simulate: str, sim_state: Path | None, agent_state: Path, config: Path | None
 ) -> dict[str, Any]:
     """Check the node once: one snapshot through the model, history read but not written."""
-    cfg = load_config_or_exit(config)
+    from nodeagent.config.errors import ConfigError
+    from nodeagent.config.schema import load_health_settings
+
+    try:
+        cfg = load_health_settings(config)
+    except ConfigError as exc:
+        fail_config(exc)
     node = open_node_or_exit(simulate, sim_state)
     try:
         model = HealthModel(
             cfg.health,
-            expected_driver=cfg.pool.expected_driver_version,
+            expected_driver=cfg.expected_driver_version,
             history_path=history_path(agent_state),
             status_path=status_path(agent_state),
             read_only=True,  # a one-shot look must not rewrite or move the agent's files

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Self
 
@@ -117,7 +118,7 @@ class AgentConfig(Schema):
     @property
     def node_name(self) -> str:
         """The node name: the config, else env NODE_NAME (downward API), else the hostname."""
-        return self.node.name or os.environ.get("NODE_NAME") or os.uname().nodename
+        return resolve_node_name(self.node.name)
 
     def describe(self) -> str:
         """The effective config as one line of JSON (the file's keys), for the start-up log."""
@@ -141,6 +142,40 @@ class AgentConfig(Schema):
                 for place, index in sharing.gpu_indices()
             ]
         return out
+
+
+def resolve_node_name(configured: str | None) -> str:
+    """A configured node name, else env NODE_NAME (downward API), else the hostname."""
+    return configured or os.environ.get("NODE_NAME") or os.uname().nodename
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    """What a one-shot health check reads of the agent config."""
+
+    health: HealthSection
+    expected_driver_version: str | None
+    node_name: str
+
+
+def load_health_settings(
+    path: Path | None, *, environ: Mapping[str, str] | None = None
+) -> HealthSettings:
+    """The health section, the pool's expected driver and the node name, as
+    :func:`load_agent_config` gives them.
+
+    With no file and no ``NODEAGENT_`` override of these sections every value is a default, so
+    only the health section's model is built: validating the whole config builds every
+    section's schema, which takes longer than `nodeagent health` may (bench/cli_startup.py).
+    Raises ConfigError.
+    """
+    env = os.environ if environ is None else environ
+    overridden = env_overrides(AgentConfig, env)[0].keys() & {"node", "health", "pools"}
+    if path is None and not overridden:
+        default_pool = PoolPolicy.model_fields["expected_driver_version"].default
+        return HealthSettings(HealthSection(), default_pool, resolve_node_name(None))
+    cfg = load_agent_config(path, environ=env)
+    return HealthSettings(cfg.health, cfg.pool.expected_driver_version, cfg.node_name)
 
 
 def load_agent_config(
