@@ -127,6 +127,12 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
         fail(str(exc), "")
     except ValueError as exc:  # a bad --simulate/--state-dir; the message names the choices
         fail(str(exc), "")
+    except OSError as exc:  # the simulated node's state dir cannot be made or read
+        where = exc.filename or state_dir
+        fail(
+            f"cannot use the simulated node's state dir: {where}: {exc.strerror or exc}",
+            "pass a writable --state-dir (env NODEAGENT_SIM_STATE)",
+        )
     except GpuError as exc:
         simulated = simulated_preset(simulate) is not None
         fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")

@@ -175,3 +175,14 @@ def test_an_unusable_mig_state_dir_is_one_line_before_any_change(tmp_path: Path)
     assert "nothing was changed" in result.stderr
     assert pending(sim) == [False] * 8
     assert not any(g["mig_enabled"] for g in json.loads(run("gpus", "--json", *base(sim)).stdout))
+
+
+@pytest.mark.parametrize("command", [["gpus"], ["processes"], ["mig", "show"], ["status"]])
+def test_an_unusable_simulated_state_dir_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run(*command, "--simulate", "dgx-h100", "--state-dir", str(blocker / "sim"))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert "cannot use the simulated node's state dir" in result.output
+    assert "pass a writable --state-dir" in result.output
