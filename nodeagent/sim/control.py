@@ -34,6 +34,7 @@ _NVML_REASONS = {
     pynvml.NVML_ERROR_IN_USE: "processes are running on it",
     pynvml.NVML_ERROR_GPU_IS_LOST: "the GPU is lost (fell off the bus)",
     pynvml.NVML_ERROR_NOT_SUPPORTED: "the GPU does not support it",
+    pynvml.NVML_ERROR_MEMORY: "that is more than its free memory",
 }
 
 
@@ -300,4 +301,6 @@ def _hint_for(code: int, gpu: int) -> str:
         return f"remove the processes on GPU {gpu} first (`nodeagent sim process remove PID`)"
     if code == pynvml.NVML_ERROR_GPU_IS_LOST:
         return f"recover it with `nodeagent sim clear --gpu {gpu}`"
+    if code == pynvml.NVML_ERROR_MEMORY:
+        return "pass a smaller --memory-mib (`nodeagent processes` shows what runs there)"
     return "see docs/simulator.md for what each GPU model supports"

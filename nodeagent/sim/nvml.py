@@ -514,17 +514,7 @@ class SimNvml:
     def _memory_mib(self, handle: Any) -> tuple[int, int, int]:
         """(total, reserved, used) MiB of a GPU or MIG device; used excludes reserved."""
         state, gpu, mig = self._any_device(handle)
-        model = ops.gpu_model(gpu)
-        index = gpu["index"]
-        if mig is None:
-            used = telemetry.IDLE_MEMORY_MIB + sum(
-                p["mem_mib"] for p in ops.processes_on(state, index)
-            )
-            return model.memory_mib, model.reserved_mib, used
-        gi, _ = mig
-        _, total = model.reported(ops.gi_profile_of(gpu, gi), str(state["driver_version"]))
-        used = sum(p["mem_mib"] for p in ops.processes_on(state, index, gi["id"]))
-        return total, 0, used
+        return ops.device_memory_mib(state, gpu["index"], None if mig is None else mig[0])
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         """Framebuffer memory in bytes; a MIG device reports its GPU instance's share.

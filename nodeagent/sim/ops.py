@@ -461,6 +461,18 @@ def checkpoint_energy(state: State, index: int, now: float) -> None:
     gpu["energy"] = {"t": now, "mj": telemetry.energy_mj(gpu, processes_on(state, index), now)}
 
 
+def device_memory_mib(state: State, index: int, gi: State | None) -> tuple[int, int, int]:
+    """(total, reserved, used) MiB of GPU ``index`` or of its GPU instance ``gi``; used is
+    what processes allocated (plus the driver's idle MiB on a whole GPU), reserved apart."""
+    gpu = get_gpu(state, index)
+    model = gpu_model(gpu)
+    if gi is None:
+        used = telemetry.IDLE_MEMORY_MIB + sum(p["mem_mib"] for p in processes_on(state, index))
+        return model.memory_mib, model.reserved_mib, used
+    _, total = model.reported(gi_profile_of(gpu, gi), str(state["driver_version"]))
+    return total, 0, sum(p["mem_mib"] for p in processes_on(state, index, gi["id"]))
+
+
 def add_process(
     state: State,
     index: int,
@@ -483,6 +495,7 @@ def add_process(
     """
     gpu = get_gpu(state, index)
     gi_id = ci_id = None
+    gi: State | None = None
     if mig_uuid is not None:
         owner, gi, ci = find_mig_uuid(state, mig_uuid)
         if owner != index:
@@ -493,6 +506,10 @@ def add_process(
         raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     if pid is not None and any(p["pid"] == pid for p in state["processes"]):
         raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # already attached
+    total, reserved, used = device_memory_mib(state, index, gi)
+    if used_memory_mib > total - reserved - used:
+        # A CUDA allocation beyond the device's free memory fails (out of memory).
+        raise err(pynvml.NVML_ERROR_MEMORY)
     checkpoint_energy(state, index, now)
     if pid is None:
         pid = int(state["next_pid"])

@@ -271,3 +271,16 @@ def test_inject_errors(make_sim, control_for, kind, kwargs, message):
     sim = make_sim("dgx-a100")
     with pytest.raises(SimError, match=message):
         control_for(sim).inject(kind, 0, **kwargs)
+
+
+def test_a_process_cannot_use_more_than_the_free_memory(make_sim, control_for):
+    sim = make_sim("dgx-a100")  # 40 GiB A100s
+    control = control_for(sim)
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    free_mib = sim.nvmlDeviceGetMemoryInfo(handle).free // 2**20
+    control.add_process(0, used_memory_mib=free_mib - 100)
+    with pytest.raises(SimError, match="more than its free memory") as caught:
+        control.add_process(0, used_memory_mib=200)
+    assert "--memory-mib" in caught.value.hint
+    control.add_process(0, used_memory_mib=100)  # what is left still fits
+    assert sim.nvmlDeviceGetMemoryInfo(handle).free == 0
