@@ -923,25 +923,27 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         return stamp, busy
 
-    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
-        """Per-process SM and memory utilization samples newer than ``timeStamp`` (us)."""
-        stamp, busy = self._process_samples(handle, timeStamp)
+    def _process_sample_structs(self, handle: Any, since_us: int, struct: Any) -> list[Any]:
+        """The samples newer than ``since_us`` as ``struct`` instances, by PID."""
+        stamp, busy = self._process_samples(handle, since_us)
         out = []
         for pid, (sm, mem) in sorted(busy.items()):
-            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample = struct()
             sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil = pid, stamp, sm, mem
             out.append(sample)
         return out
 
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """Per-process SM and memory utilization samples newer than ``timeStamp`` (us)."""
+        return self._process_sample_structs(
+            handle, timeStamp, pynvml.c_nvmlProcessUtilizationSample_t
+        )
+
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, timeStamp: int) -> list[Any]:
         """The same samples through the versioned struct of R550 and newer."""
-        stamp, busy = self._process_samples(handle, timeStamp)
-        out = []
-        for pid, (sm, mem) in sorted(busy.items()):
-            info = pynvml.c_nvmlProcessUtilizationInfo_v1_t()
-            info.pid, info.timeStamp, info.smUtil, info.memUtil = pid, stamp, sm, mem
-            out.append(info)
-        return out
+        return self._process_sample_structs(
+            handle, timeStamp, pynvml.c_nvmlProcessUtilizationInfo_v1_t
+        )
 
     def nvmlSystemGetProcessName(self, pid: int) -> bytes:
         """The command name of a process on a GPU (bytes, as pynvml returns it)."""
