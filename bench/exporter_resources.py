@@ -30,6 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -40,6 +43,7 @@ from nodeagent.agent.backend import open_node
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import AgentConfig, SamplerSection
+from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent_exporters.component import MetricsExporter, build
@@ -213,49 +217,59 @@ def _check_work(port: int, kubelet: TestKubelet) -> str:
     )
 
 
-def run_agent(seconds: float, scrape_interval: float, threads: bool) -> None:
-    """The whole agent: ``nodeagent run`` with every component, in a subprocess."""
+@dataclass
+class RunningAgent:
+    """``nodeagent run`` on a simulated dgx-h100 with the test kubelet and pod-resources."""
+
+    child: subprocess.Popen[bytes]
+    port: int
+    kubelet: TestKubelet
+    names_file: Path | None  # where the thread names land (``threads``), else None
+
+
+@contextmanager
+def running_agent(
+    *,
+    threads: bool = False,
+    proc_root: bool = False,
+    prepare: Callable[[GpuNode, Path], object] | None = None,
+) -> Iterator[RunningAgent]:
+    """The whole agent with every component (``AGENT_CONFIG``), ready, stopped on exit.
+
+    ``prepare(node, root)`` runs on the simulated node before the agent starts; ``proc_root``
+    points process attribution at ``root/proc`` (cgroup files a bench writes); ``threads``
+    records the thread names for :func:`measure`. The agent's log tail is shown on failure.
+    """
     root = Path(tempfile.mkdtemp(prefix="nab-"))  # short: unix socket paths are limited
     node = mig_node(root / "sim")
+    (root / "proc").mkdir()
+    if prepare is not None:
+        prepare(node, root)
     pod_resources = start_kubelet(node, root / "pod-resources.sock")
     kubelet = TestKubelet(root / "kubelet")
     kubelet.start()
     port = free_port()
-    config = root / "agent.yaml"
-    config.write_text(AGENT_CONFIG.format(root=root, port=port, replicas=REPLICAS))
+    config = AGENT_CONFIG.format(root=root, port=port, replicas=REPLICAS)
+    if proc_root:
+        config = config.replace(
+            "  pod_resources_interval_s: 10\n",
+            f"  pod_resources_interval_s: 10\n  proc_root: {root}/proc\n",
+        )
+    (root / "agent.yaml").write_text(config)
     names_file = root / "threads.json" if threads else None
     env = dict(os.environ)
     if names_file is not None:
         env["NODEAGENT_BENCH_NAMES"] = str(names_file)
         env["NODEAGENT_BENCH_NAMES_AFTER_S"] = str(WARM_UP_S / 2)
     launcher = [sys.executable, "-c", THREAD_NAMES] if threads else nodeagent_command()
-    command = [
-        *launcher,
-        "run",
-        "--config",
-        str(config),
-        "--simulate",
-        "dgx-h100",
-        "--state-dir",
-        str(root / "sim"),
-        "--log-level",
-        "warning",
-    ]
+    command = [*launcher, "run", "--config", str(root / "agent.yaml"),
+               "--simulate", "dgx-h100", "--state-dir", str(root / "sim"),
+               "--log-level", "warning"]  # fmt: skip
     log = (root / "agent.log").open("wb")
     child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         wait_ready(child, port)
-        print("whole agent: nodeagent run, every component enabled")
-        print("  " + check_work(port, kubelet))
-        pct, rss, scrapes, per_thread = measure(child, port, seconds, scrape_interval, names_file)
-        count = psutil.Process(child.pid).num_threads()
-        print("  " + check_work(port, kubelet))
-        print(f"  window {seconds:.0f} s, {scrapes} scrapes every {scrape_interval:g} s")
-        print(f"  {'agent CPU (% of one core)':28} {pct:8.2f}")
-        print(f"  {'agent RSS max (MiB)':28} {rss:8.1f}")
-        print(f"  {'threads':28} {count:8d}")
-        for name, share in sorted(per_thread.items(), key=lambda kv: -kv[1]):
-            print(f"    {name:26} {share:8.2f}")
+        yield RunningAgent(child, port, kubelet, names_file)
     except BaseException:
         log.flush()
         sys.stderr.write((root / "agent.log").read_text()[-4000:])
@@ -268,6 +282,29 @@ def run_agent(seconds: float, scrape_interval: float, threads: bool) -> None:
         pod_resources.stop(None)
         node.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def print_threads(per_thread: dict[str, float]) -> None:
+    """The CPU % per thread name, largest first."""
+    for name, share in sorted(per_thread.items(), key=lambda kv: -kv[1]):
+        print(f"    {name:26} {share:8.2f}")
+
+
+def run_agent(seconds: float, scrape_interval: float, threads: bool) -> None:
+    """The whole agent: ``nodeagent run`` with every component, in a subprocess."""
+    with running_agent(threads=threads) as agent:
+        print("whole agent: nodeagent run, every component enabled")
+        print("  " + check_work(agent.port, agent.kubelet))
+        pct, rss, scrapes, per_thread = measure(
+            agent.child, agent.port, seconds, scrape_interval, agent.names_file
+        )
+        count = psutil.Process(agent.child.pid).num_threads()
+        print("  " + check_work(agent.port, agent.kubelet))
+        print(f"  window {seconds:.0f} s, {scrapes} scrapes every {scrape_interval:g} s")
+        print(f"  {'agent CPU (% of one core)':28} {pct:8.2f}")
+        print(f"  {'agent RSS max (MiB)':28} {rss:8.1f}")
+        print(f"  {'threads':28} {count:8d}")
+        print_threads(per_thread)
 
 
 def breakdown_child(state_dir: Path, socket_path: Path, port: int) -> None:

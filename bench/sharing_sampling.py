@@ -1,6 +1,7 @@
 """Sampling cost of per-process usage and attribution: 300 processes, 8 GPUs, 56 MIG devices.
 
     .venv/bin/python bench/sharing_sampling.py [--seconds 30] [--rounds 40] [--only parts|agent]
+                                               [--threads]
 
 Node: dgx-h100 split into 56 ``1g.10gb`` instances, each time-sliced into 6 replicas, 300 pods
 holding one replica each (``exporter_node.py``); here every pod also runs one compute process
@@ -21,10 +22,8 @@ CPU is % of one core over the window after a warm-up, RSS the maximum.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,19 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-from exporter_node import PODS, REPLICAS, mig_node, start_kubelet
-from exporter_resources import (
-    AGENT_CONFIG,
-    free_port,
-    measure,
-    nodeagent_command,
-    wait_ready,
-)
+from exporter_node import PODS, REPLICAS, mig_node
+from exporter_resources import measure, print_threads, running_agent
 
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
-from nodeagent.testing.kubelet import TestKubelet
 from nodeagent.workloads import CgroupReader, PodIndex, attribute
 from nodeagent_exporters.podresources import PodDevice
 from nodeagent_exporters.render import Renderer, Sources
@@ -128,42 +120,20 @@ def run_parts(rounds: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_agent(seconds: float, with_processes: bool) -> tuple[float, float]:
-    root = Path(tempfile.mkdtemp(prefix="nss-"))
-    node = mig_node(root / "sim")
-    (root / "proc").mkdir()
-    if with_processes:
+def run_agent(seconds: float, with_processes: bool, threads: bool) -> tuple[float, float]:
+    """The whole agent's CPU % and RSS MiB, with or without the 300 processes."""
+
+    def prepare(node: GpuNode, root: Path) -> None:
         start_processes(node, root / "sim", root / "proc")
-    pod_resources = start_kubelet(node, root / "pod-resources.sock")
-    kubelet = TestKubelet(root / "kubelet")
-    kubelet.start()
-    port = free_port()
-    config = AGENT_CONFIG.format(root=root, port=port, replicas=REPLICAS).replace(
-        "  pod_resources_interval_s: 10\n",
-        f"  pod_resources_interval_s: 10\n  proc_root: {root}/proc\n",
-    )
-    (root / "agent.yaml").write_text(config)
-    command = [*nodeagent_command(), "run", "--config", str(root / "agent.yaml"),
-               "--simulate", "dgx-h100", "--state-dir", str(root / "sim"),
-               "--log-level", "warning"]  # fmt: skip
-    log = (root / "agent.log").open("wb")
-    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    try:
-        wait_ready(child, port)
-        pct, rss, _, _ = measure(child, port, seconds, 15.0)
-        return pct, rss
-    except BaseException:
-        log.flush()
-        sys.stderr.write((root / "agent.log").read_text()[-4000:])
-        raise
-    finally:
-        child.terminate()
-        child.wait(15)
-        log.close()
-        kubelet.stop()
-        pod_resources.stop(None)
-        node.close()
-        shutil.rmtree(root, ignore_errors=True)
+
+    with running_agent(
+        threads=threads, proc_root=True, prepare=prepare if with_processes else None
+    ) as agent:
+        pct, rss, _, per_thread = measure(agent.child, agent.port, seconds, 15.0, agent.names_file)
+    if threads:
+        print(f"  by thread, {'300 processes' if with_processes else 'no processes'}:")
+        print_threads(per_thread)
+    return pct, rss
 
 
 def main() -> None:
@@ -171,13 +141,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--only", choices=("parts", "agent"))
+    parser.add_argument(
+        "--threads", action="store_true", help="also split the agent's CPU by thread"
+    )
     args = parser.parse_args()
     print("machine: 2 cores, 24 GiB (shared); simulated NVML")
     if args.only in (None, "parts"):
         run_parts(args.rounds)
     if args.only in (None, "agent"):
-        base = run_agent(args.seconds, with_processes=False)
-        full = run_agent(args.seconds, with_processes=True)
+        base = run_agent(args.seconds, with_processes=False, threads=args.threads)
+        full = run_agent(args.seconds, with_processes=True, threads=args.threads)
         print(f"whole agent, 1 s interval, {args.seconds:.0f} s window each")
         print(f"  {'':32} {'CPU % core':>10} {'RSS MiB':>8}")
         print(f"  {'no processes (baseline)':32} {base[0]:10.2f} {base[1]:8.1f}")

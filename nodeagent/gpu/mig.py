@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,13 @@ _MIB = 1024 * 1024
 # Profile-index enumeration stops at INVALID_ARGUMENT; this bound only guards against a driver
 # that never says so (nvml.h defines 0x12 indices today).
 _MAX_PROFILE_INDEX = 64
+
+# The sampler re-reads a GPU's whole MIG layout (about nine NVML calls per MIG device) only
+# when a cheap fingerprint of it changed (two calls per MIG device), and at least this often:
+# what the fingerprint cannot see, a GPU instance without any compute instance (no MIG device,
+# nothing can run on it; never left by the applier) made or destroyed by another program,
+# shows within this bound.
+FULL_READ_INTERVAL_S = 10.0
 
 # How a GPU is reset so that a pending MIG mode takes effect: called with the GPU index and its
 # PCI bus id. NVML has no reset call, so the program's edge chooses one: ``nvidia-smi -r`` on a
@@ -117,6 +126,14 @@ def _geometry(
     return MigGeometry(model, memory_slices, tuple(profiles), source)
 
 
+def _pids_on(processes: tuple[ProcessInfo, ...], gpu_instance_id: int) -> tuple[int, ...]:
+    return tuple(p.pid for p in processes if p.gpu_instance_id == gpu_instance_id)
+
+
+def _with_pids(instance: GpuInstance, pids: tuple[int, ...]) -> GpuInstance:
+    return instance if instance.pids == pids else dataclasses.replace(instance, pids=pids)
+
+
 class MigControl:
     """MIG on every GPU of the node: read geometry and instances, change mode and layout."""
 
@@ -132,6 +149,9 @@ class MigControl:
         # geometry, or an empty one for a model it lacks); the driver is asked once.
         self._stand_in: dict[int, MigGeometry] = {}
         self._ci_profiles: dict[tuple[int, int], tuple[_CiProfile, ...]] = {}
+        self.full_read_interval_s = FULL_READ_INTERVAL_S
+        # Per GPU: (monotonic time of the full read, the fingerprint then, what it found).
+        self._sampled: dict[int, tuple[float, tuple[str, ...], tuple[GpuInstance, ...]]] = {}
 
     def processes(self, index: int) -> tuple[ProcessInfo, ...]:
         """The compute processes of GPU ``index`` (what makes an instance busy)."""
@@ -249,9 +269,10 @@ class MigControl:
         self._ci_profiles[key] = result
         return result
 
-    def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[Any]:
+    def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[list[Any]]:
+        """The GPU instances' handles, one list per profile that can have any."""
         h = self._nvml.handle(index)
-        handles: list[Any] = []
+        handles: list[list[Any]] = []
         for profile in geometry.profiles:
             if profile.max_count <= 0:
                 continue
@@ -265,13 +286,12 @@ class MigControl:
                 ctypes.byref(count),
                 gpu=index,
             )
-            handles.extend(buffer[: count.value])
+            handles.append(buffer[: count.value])
         return handles
 
-    def _mig_device_uuids(self, index: int) -> dict[tuple[int, int], str]:
-        """UUIDs of the MIG devices (one per compute instance), by (GI id, CI id)."""
+    def _mig_devices(self, index: int) -> Iterator[Any]:
+        """The handles of the GPU's MIG devices (one per compute instance), by slot."""
         h = self._nvml.handle(index)
-        uuids: dict[tuple[int, int], str] = {}
         for mig_index in range(
             int(self._nvml.call("nvmlDeviceGetMaxMigDeviceCount", h, gpu=index))
         ):
@@ -282,8 +302,13 @@ class MigControl:
                 gpu=index,
                 expected=frozenset({errors.NVML_ERROR_NOT_FOUND}),
             )
-            if code != errors.NVML_SUCCESS:
-                continue  # indices are sparse: no MIG device at this slot
+            if code == errors.NVML_SUCCESS:  # indices are sparse: no MIG device at this slot
+                yield mig
+
+    def _mig_device_uuids(self, index: int) -> dict[tuple[int, int], str]:
+        """UUIDs of the MIG devices (one per compute instance), by (GI id, CI id)."""
+        uuids: dict[tuple[int, int], str] = {}
+        for mig in self._mig_devices(index):
             gi_id = int(self._nvml.call("nvmlDeviceGetGpuInstanceId", mig, gpu=index))
             ci_id = int(self._nvml.call("nvmlDeviceGetComputeInstanceId", mig, gpu=index))
             uuids[(gi_id, ci_id)] = text(self._nvml.call("nvmlDeviceGetUUID", mig, gpu=index))
@@ -301,7 +326,7 @@ class MigControl:
         names = {p.profile_id: p.name for p in geometry.profiles}
         uuids = self._mig_device_uuids(index)
         instances: list[GpuInstance] = []
-        for gi in self._gpu_instance_handles(index, geometry):
+        for gi in (gi for same in self._gpu_instance_handles(index, geometry) for gi in same):
             info = self._nvml.call("nvmlGpuInstanceGetInfo", gi, gpu=index)
             gi_id, profile_id = int(info.id), int(info.profileId)
             cis = self._read_compute_instances(index, gi, gi_id, profile_id, uuids)
@@ -313,11 +338,46 @@ class MigControl:
                     profile_id=profile_id,
                     placement=Placement(int(info.placement.start), int(info.placement.size)),
                     compute_instances=cis,
-                    pids=tuple(p.pid for p in processes if p.gpu_instance_id == gi_id),
+                    pids=_pids_on(processes, gi_id),
                 )
             )
         instances.sort(key=lambda g: (g.placement.start, g.placement.size, g.instance_id))
         return tuple(instances)
+
+    def sample_instances(
+        self, index: int, processes: tuple[ProcessInfo, ...], enabled: bool
+    ) -> tuple[GpuInstance, ...]:
+        """What :meth:`read_instances` returns, re-read in full only when the layout changed.
+
+        For the sampler, which asks every second of a layout that changes a few times a day:
+        the fingerprint (the MIG devices' UUIDs) sees every MIG device made or
+        destroyed, by this process or another, at once; the full read is also repeated every
+        ``full_read_interval_s``. Writers and the MIG applier use
+        :meth:`mig_instances`, which always reads in full.
+        """
+        geometry = self.mig_geometry(index) if enabled else None
+        if geometry is None:
+            self._sampled.pop(index, None)
+            return ()
+        fingerprint = self._fingerprint(index)
+        now = time.monotonic()
+        cached = self._sampled.get(index)
+        if (
+            cached is not None
+            and cached[1] == fingerprint
+            and now - cached[0] < self.full_read_interval_s
+        ):
+            return tuple(_with_pids(gi, _pids_on(processes, gi.instance_id)) for gi in cached[2])
+        instances = self.read_instances(index, processes, enabled)
+        self._sampled[index] = (now, fingerprint, instances)
+        return instances
+
+    def _fingerprint(self, index: int) -> tuple[str, ...]:
+        """The MIG devices' UUIDs: a compute instance made or destroyed changes them."""
+        return tuple(
+            text(self._nvml.call("nvmlDeviceGetUUID", mig, gpu=index))
+            for mig in self._mig_devices(index)
+        )
 
     def _ci_handles(self, index: int, gi: Any, gi_profile_id: int) -> list[tuple[Any, _CiProfile]]:
         handles: list[tuple[Any, _CiProfile]] = []

@@ -150,8 +150,8 @@ class GpuNode:
             processes = self._mig.processes(index)
             with self._nvml.soft_errors() as failed_readings:
                 telemetry = self._telemetry(index, processes)
-            instances = self._mig.read_instances(index, processes, info.mig_enabled)
-            # Read by read_instances already when MIG is on (and cached), so this is free.
+            instances = self._mig.sample_instances(index, processes, bool(info.mig_enabled))
+            # Read by sample_instances already when MIG is on (and cached), so this is free.
             geometry = self._mig.mig_geometry(index) if info.mig_enabled else None
             self._last_instances[index] = instances
             self._last_geometry[index] = geometry

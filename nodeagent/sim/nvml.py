@@ -184,6 +184,7 @@ class SimNvml:
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._entry_points: dict[str, cabi.Entry] | None = None
         self._next_event_set = 1
+        self._processes_by_gpu: tuple[State, dict[int, list[dict[str, Any]]]] | None = None
         for code, text in _ERROR_STRINGS.items():
             pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
@@ -598,7 +599,18 @@ class SimNvml:
 
     # --- telemetry --------------------------------------------------------------------------
     def _procs(self, state: State, gpu: dict[str, Any]) -> list[dict[str, Any]]:
-        return ops.processes_on(state, gpu["index"])
+        """The processes on ``gpu`` (read-only), indexed once per state the store read.
+
+        A sampling pass asks for them about ten times per GPU; a state read is never changed in
+        place (writes make a new one), so its identity keys the index.
+        """
+        cached = self._processes_by_gpu
+        if cached is None or cached[0] is not state:
+            by_gpu: dict[int, list[dict[str, Any]]] = {}
+            for proc in state["processes"]:
+                by_gpu.setdefault(proc["gpu"], []).append(proc)
+            cached = self._processes_by_gpu = (state, by_gpu)
+        return cached[1].get(gpu["index"], [])
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         """GPU and memory utilization in percent; NOT_SUPPORTED while MIG is enabled."""
@@ -856,21 +868,25 @@ class SimNvml:
     # --- processes --------------------------------------------------------------------------
     def _process_infos(self, handle: Any, *, mps_only: bool) -> list[Any]:
         state, gpu, mig = self._any_device(handle)
-        procs = ops.processes_on(state, gpu["index"])
+        procs = self._procs(state, gpu)
         if mig is not None:
             gi, ci = mig
             procs = [p for p in procs if p["gi"] == gi["id"] and p["ci"] == ci["id"]]
         if mps_only:
             procs = [p for p in procs if p.get("mps")]
-        out = []
-        for proc in procs:
-            info = pynvml.c_nvmlProcessInfo_v3_t()
-            info.pid = proc["pid"]
-            info.usedGpuMemory = proc["mem_mib"] * models.MIB
-            info.gpuInstanceId = ops.NO_ID if proc["gi"] is None else proc["gi"]
-            info.computeInstanceId = ops.NO_ID if proc["ci"] is None else proc["ci"]
-            out.append(pynvml.nvmlStructToFriendlyObject(info))
-        return out
+        # The friendly objects pynvml makes of the driver's nvmlProcessInfo_v3_t array (its
+        # fields, in its order), built directly rather than through a ctypes struct.
+        return [
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": proc["pid"],
+                    "usedGpuMemory": proc["mem_mib"] * models.MIB,
+                    "gpuInstanceId": ops.NO_ID if proc["gi"] is None else proc["gi"],
+                    "computeInstanceId": ops.NO_ID if proc["ci"] is None else proc["ci"],
+                }
+            )
+            for proc in procs
+        ]
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
         """Compute processes as pynvml friendly objects (pid, usedGpuMemory, GI/CI IDs).

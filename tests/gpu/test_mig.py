@@ -6,12 +6,14 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from nodeagent import migcatalog
+from nodeagent.gpu import mig as mig_module
 from nodeagent.gpu.errors import (
     GpuError,
     InsufficientResources,
@@ -20,9 +22,11 @@ from nodeagent.gpu.errors import (
     NotFound,
     NotSupported,
 )
+from nodeagent.gpu.mig import FULL_READ_INTERVAL_S
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import GeometrySource, MigGeometry, Placement
 from nodeagent.sim.control import SimControl
+from nodeagent.sim.nvml import SimNvml
 from nodeagent.sim.presets import PRESETS
 
 MakeNode = Callable[..., GpuNode]
@@ -363,3 +367,65 @@ def test_errors_carry_function_and_gpu(make_node: MakeNode) -> None:
     )
     assert "GPU 3" in str(error)
     assert "\n" not in str(error)
+
+
+def _snapshot_instances(node: GpuNode, gpu: int) -> list[tuple[str, int, int, str | None]]:
+    return [
+        (gi.profile, gi.placement.start, len(gi.pids), gi.uuid)
+        for gi in node.snapshot().gpus[gpu].mig_instances
+    ]
+
+
+def test_sampler_sees_another_programs_mig_change_on_the_next_pass(make_node: MakeNode) -> None:
+    node = _mig_node(make_node)
+    node.create_gpu_instance(0, "3g.40gb", Placement(0, 4))
+    first = _snapshot_instances(node, 0)
+    other = make_node("dgx-h100")  # a second program on the same GPUs (`nodeagent mig apply`)
+    made = other.create_gpu_instance(0, "3g.40gb", Placement(4, 4))
+    assert _snapshot_instances(node, 0) == [*first, ("3g.40gb", 4, 0, made.uuid)]
+    other.destroy_gpu_instance(0, made.instance_id)
+    assert _snapshot_instances(node, 0) == first
+
+
+def test_sampler_reads_the_layout_in_full_only_when_it_changed(
+    make_node: MakeNode, monkeypatch: pytest.MonkeyPatch, sim_state_dir: Path
+) -> None:
+    node = _mig_node(make_node)
+    for start in range(7):
+        node.create_gpu_instance(0, "1g.10gb", Placement(start, 1))
+    full_reads: list[int] = []
+    original = SimNvml.nvmlGpuInstanceGetInfo
+
+    def counted(self: SimNvml, gi: object) -> object:
+        full_reads.append(1)
+        return original(self, gi)
+
+    monkeypatch.setattr(SimNvml, "nvmlGpuInstanceGetInfo", counted)
+    node.snapshot()  # the first pass reads in full
+    assert len(full_reads) == 7
+    for _ in range(3):
+        node.snapshot()
+    assert len(full_reads) == 7  # unchanged: the fingerprint alone
+    uuid = node.mig_instances(0)[2].uuid
+    assert uuid is not None
+    pid = SimControl(sim_state_dir).add_process(0, mig_uuid=uuid, used_memory_mib=512)
+    busy = node.snapshot().gpus[0].mig_instances
+    assert [gi.pids for gi in busy] == [(), (), (pid,), (), (), (), ()]  # processes stay current
+
+
+def test_gpu_instance_without_compute_instance_shows_within_the_full_read_bound(
+    make_node: MakeNode, monkeypatch: pytest.MonkeyPatch, sim_state_dir: Path
+) -> None:
+    node = _mig_node(make_node)
+    node.create_gpu_instance(0, "3g.40gb", Placement(0, 4))
+    assert len(node.snapshot().gpus[0].mig_instances) == 1
+    # Another program makes a GPU instance and no compute instance: no MIG device, so the
+    # fingerprint cannot see it; the full read repeated every FULL_READ_INTERVAL_S does.
+    nvml = SimNvml(sim_state_dir)
+    nvml.nvmlInit()
+    nvml.nvmlDeviceCreateGpuInstance(nvml.nvmlDeviceGetHandleByIndex(0), 9)  # 3g.40gb
+    now = time.monotonic()
+    monkeypatch.setattr(mig_module.time, "monotonic", lambda: now + FULL_READ_INTERVAL_S)
+    seen = node.snapshot().gpus[0].mig_instances
+    assert [(gi.profile, gi.placement.start, gi.uuid) for gi in seen][1] == ("3g.40gb", 4, None)
+    nvml.nvmlShutdown()
