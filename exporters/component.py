@@ -1,4 +1,4 @@
-"""The ``metrics`` agent component: render each snapshot once, serve it over HTTP(S)."""
+"""The ``metrics`` agent component: observe each snapshot, render it when scraped, serve it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.kube.pods import PodIndexPoller
 from nodeagent.runtime.devices import PublishedDevices
@@ -17,18 +18,28 @@ from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.probe import ProbeRunner
-from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources, StepCounts
+from nodeagent_exporters.render import (
+    AppXids,
+    NodeCapacity,
+    Rendered,
+    Renderer,
+    Sources,
+    StepCounts,
+)
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
 
 
 class MetricsExporter:
-    """Renders every new snapshot on its own thread and serves the result.
+    """Observes every new snapshot on its own thread; renders the newest one when scraped.
 
-    The sampler's subscriber callback only wakes this thread, so a slow render never delays
-    sampling. ``/readyz`` reports ``ready_check`` (the agent passes "every component is ready")
-    when given, else this component's own readiness; ``/healthz`` reports ``live_check``.
+    The sampler's subscriber callback only wakes this thread, so attribution never delays
+    sampling. A scrape renders the newest snapshot if no scrape rendered it yet (a few
+    milliseconds of Python over the snapshot, no NVML) and otherwise serves the bytes already
+    made, so one render serves every scraper of a snapshot and a snapshot nobody scrapes is
+    never rendered. ``/readyz`` reports ``ready_check`` (the agent passes "every component is
+    ready") when given, else this component's own readiness; ``/healthz`` reports ``live_check``.
     """
 
     name = "metrics"
@@ -85,7 +96,11 @@ class MetricsExporter:
         self.probe: ProbeRunner | None = None
         if cfg.probe.enabled:
             self.probe = ProbeRunner(cfg.probe, lambda: [d.device for d in self.renderer.shared])
-        self.latest: Rendered | None = None
+        self.latest: Rendered | None = None  # the last render, served until a newer snapshot
+        self.capacity: NodeCapacity | None = None  # of the newest observed snapshot
+        self._observed_generation: int | None = None
+        # Serialises the renderer between this thread (observe) and the scrapes (render).
+        self._lock = threading.Lock()
         self.server: MetricsServer | None = None
         self._prepared: MetricsServer | None = None
         self._wake = threading.Event()
@@ -100,8 +115,8 @@ class MetricsExporter:
 
     @property
     def ready(self) -> bool:
-        """Serving, with a first snapshot rendered."""
-        return self.server is not None and self.latest is not None
+        """Serving, with a first snapshot observed."""
+        return self.server is not None and self._observed_generation is not None
 
     def ready_check(self) -> bool:
         """What ``/readyz`` reports: the whole agent's readiness where known."""
@@ -109,7 +124,7 @@ class MetricsExporter:
 
     def capacity_annotations(self) -> dict[str, str]:
         """The node's capacity as annotations, for the pool review without Prometheus."""
-        capacity = self.latest.capacity if self.latest is not None else None
+        capacity = self.capacity
         if capacity is None:
             return {}
         out = {
@@ -136,19 +151,33 @@ class MetricsExporter:
         """What ``/healthz`` reports: the agent's liveness (threads up, sampling not wedged)."""
         return self._live_check() if self._live_check is not None else True
 
-    def render_latest(self) -> Rendered | None:
-        """Render the newest snapshot if it is newer than the one served."""
+    def observe_latest(self) -> None:
+        """Take in the newest snapshot (attribution, capacity, counters) if not done yet."""
+        with self._lock:
+            self._observe()
+
+    def _observe(self) -> tuple[NodeSnapshot, int] | None:
         generation = self.snapshots.generation
         snapshot = self.snapshots.latest
-        if snapshot is None or (self.latest is not None and self.latest.generation == generation):
+        if snapshot is None:
+            return None
+        if self._observed_generation != generation:
+            self.capacity = self.renderer.observe(snapshot)
+            self._observed_generation = generation
+        return snapshot, generation
+
+    def render_latest(self) -> Rendered | None:
+        """The newest snapshot's exposition: rendered now if no earlier call rendered it."""
+        with self._lock:
+            newest = self._observe()
+            if newest is not None and (self.latest is None or self.latest.generation != newest[1]):
+                self.latest = self.renderer.render(*newest)
             return self.latest
-        self.latest = self.renderer.render(snapshot, generation)
-        return self.latest
 
     def _server(self) -> MetricsServer:
         return MetricsServer(
             self.address,
-            lambda: self.latest,
+            self.render_latest,
             self.ready_check,
             live_check=self.live_check,
             tls=self.tls,
@@ -195,13 +224,13 @@ class MetricsExporter:
             server.start()
         self.server = server
         try:
-            self.render_latest()
+            self.observe_latest()
             while not stop.is_set():
                 # The timeout re-checks ``stop`` and catches a snapshot published between
                 # subscribe and the first wait.
                 if self._wake.wait(1.0):
                     self._wake.clear()
-                    self.render_latest()
+                    self.observe_latest()
         finally:
             unsubscribe()
             self.server = None

@@ -198,7 +198,7 @@ def test_disabled_builds_nothing() -> None:
     assert build(config, SnapshotStore()) is None
 
 
-def test_component_renders_each_snapshot_once_and_serves_it(
+def test_component_renders_a_snapshot_once_when_scraped_and_serves_it(
     make_node: Callable[..., GpuNode], sim_state_dir: Path, tmp_path: Path
 ) -> None:
     node = make_node("dgx-h100")
@@ -222,13 +222,19 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         assert value(first, "nodeagent_gpus") == 8.0
         assert value(first, "nodeagent_gpu_row_remap_pending", gpu="2") == 0.0
         renders = exporter.renderer.renders
-        for _ in range(3):  # scrapes never render
+        assert renders == 1  # the first scrape rendered the snapshot
+        for _ in range(3):  # later scrapes of the same snapshot get the same bytes
             get(port, "/metrics")
         assert exporter.renderer.renders == renders
         SimControl(sim_state_dir).inject("remap-pending", 2)
-        sampler.sample_once()
-        assert wait_until(lambda: exporter.renderer.renders == renders + 1)
+        generation = snapshots.generation
+        for _ in range(3):  # snapshots nobody scrapes are observed, never rendered
+            sampler.sample_once()
+        assert wait_until(lambda: exporter.capacity is not None)
+        assert exporter.renderer.renders == renders
+        assert snapshots.generation == generation + 3
         after = parse_samples(get(port, "/metrics")[2].decode())
+        assert exporter.renderer.renders == renders + 1
         assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
         others_ready.clear()  # another component of the agent is not ready yet
         assert get(port, "/readyz")[0] == 503
