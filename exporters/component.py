@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 from nodeagent import labels
@@ -30,16 +33,23 @@ from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
 
+# Scrape times kept to learn the cadence: Prometheus scrapes a target on a fixed interval (an
+# HA pair, two interleaved ones), so the smallest recent gap predicts the next scrape.
+SCRAPES_KEPT = 4
+
 
 class MetricsExporter:
-    """Observes every new snapshot on its own thread; renders the newest one when scraped.
+    """Observes every new snapshot on its own thread and renders the ones a scrape will serve.
 
     The sampler's subscriber callback only wakes this thread, so attribution never delays
-    sampling. A scrape renders the newest snapshot if no scrape rendered it yet (a few
-    milliseconds of Python over the snapshot, no NVML) and otherwise serves the bytes already
-    made, so one render serves every scraper of a snapshot and a snapshot nobody scrapes is
-    never rendered. ``/readyz`` reports ``ready_check`` (the agent passes "every component is
-    ready") when given, else this component's own readiness; ``/healthz`` reports ``live_check``.
+    sampling. Samples come every second and scrapes every 15 to 60 s, and rendering is most of
+    the exporter's cost, so this thread renders a snapshot ahead only when it may be the newest
+    at the next scrape (from the scrape cadence; every snapshot until two scrapes were seen, or
+    once a scrape is overdue). A scrape then finds its bytes made; one that comes earlier than
+    the cadence said renders the newest snapshot itself (a few milliseconds from memory, no
+    NVML). Each snapshot is rendered at most once. ``/readyz`` reports ``ready_check`` (the
+    agent passes "every component is ready") when given, else this component's own readiness;
+    ``/healthz`` reports ``live_check``.
     """
 
     name = "metrics"
@@ -61,6 +71,7 @@ class MetricsExporter:
         app_xids: AppXids | None = None,
         remediation_steps: StepCounts | None = None,
         validations: Callable[[], Mapping[str, bool]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.pod_index = pod_index
@@ -99,6 +110,8 @@ class MetricsExporter:
         self.latest: Rendered | None = None  # the last render, served until a newer snapshot
         self.capacity: NodeCapacity | None = None  # of the newest observed snapshot
         self._observed_generation: int | None = None
+        self._clock = clock
+        self._scrapes: deque[float] = deque(maxlen=SCRAPES_KEPT)  # clock() of recent scrapes
         # Serialises the renderer between this thread (observe) and the scrapes (render).
         self._lock = threading.Lock()
         self.server: MetricsServer | None = None
@@ -152,9 +165,21 @@ class MetricsExporter:
         return self._live_check() if self._live_check is not None else True
 
     def observe_latest(self) -> None:
-        """Take in the newest snapshot (attribution, capacity, counters) if not done yet."""
+        """Take in the newest snapshot (attribution, capacity, counters) if not done yet, and
+        render it when the next scrape may serve it."""
         with self._lock:
-            self._observe()
+            newest = self._observe()
+            if newest is not None and self._scrape_due_soon():
+                self._render(*newest)
+
+    def _scrape_due_soon(self) -> bool:
+        """Whether a snapshot published now may still be the newest at the next scrape."""
+        if len(self._scrapes) < 2:
+            return True  # the cadence is not known yet
+        gap = min(later - earlier for earlier, later in itertools.pairwise(self._scrapes))
+        # Two sample intervals of margin: the snapshot before the scrape and the one before it
+        # (in case the last one is late) are made in advance.
+        return self._clock() >= self._scrapes[-1] + gap - 2 * self.config.sampler.interval_s
 
     def _observe(self) -> tuple[NodeSnapshot, int] | None:
         generation = self.snapshots.generation
@@ -167,17 +192,27 @@ class MetricsExporter:
         return snapshot, generation
 
     def render_latest(self) -> Rendered | None:
-        """The newest snapshot's exposition: rendered now if no earlier call rendered it."""
+        """The newest snapshot's exposition: rendered now if it was not yet."""
         with self._lock:
             newest = self._observe()
-            if newest is not None and (self.latest is None or self.latest.generation != newest[1]):
-                self.latest = self.renderer.render(*newest)
+            if newest is not None:
+                self._render(*newest)
             return self.latest
+
+    def serve_latest(self) -> Rendered | None:
+        """What a scrape gets (:meth:`render_latest`); the scrape's time teaches the cadence."""
+        with self._lock:
+            self._scrapes.append(self._clock())
+        return self.render_latest()
+
+    def _render(self, snapshot: NodeSnapshot, generation: int) -> None:
+        if self.latest is None or self.latest.generation != generation:
+            self.latest = self.renderer.render(snapshot, generation)
 
     def _server(self) -> MetricsServer:
         return MetricsServer(
             self.address,
-            self.render_latest,
+            self.serve_latest,
             self.ready_check,
             live_check=self.live_check,
             tls=self.tls,

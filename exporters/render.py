@@ -2,11 +2,11 @@
 
 Two steps. :meth:`Renderer.observe` takes in every snapshot (the counters that span snapshots,
 the pod attribution and the capacity the rest of the agent acts on); :meth:`Renderer.render`
-turns an observed snapshot into exposition bytes, at most once per snapshot and only when
-someone asks (a scrape): samples come every second, scrapes every 15 to 60 s, and the text is
-most of the cost. Nothing here calls NVML. The result is immutable (:class:`Rendered`); a scrape
-takes a reference to it and appends the snapshot age, the only value that depends on the moment
-of the scrape.
+turns an observed snapshot into exposition bytes, for the snapshots a scrape may serve (the
+metrics component decides which: samples come every second, scrapes every 15 to 60 s, and the
+text is most of the cost). Nothing here calls NVML. The result is immutable
+(:class:`Rendered`); a scrape takes a reference to it and appends the snapshot age, the only
+value that depends on the moment of the scrape.
 """
 
 from __future__ import annotations
