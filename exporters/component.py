@@ -8,6 +8,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import TypedDict, Unpack
 
 from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
@@ -287,20 +288,23 @@ class MetricsExporter:
                 stop.wait(5.0)
 
 
+class ExporterInputs(TypedDict, total=False):
+    """What :func:`build` passes on to :class:`MetricsExporter` from the rest of the agent."""
+
+    health: HealthSource | None
+    devices: PublishedDevices | None
+    restarts: Mapping[str, int] | None
+    ready_check: Callable[[], bool] | None
+    live_check: Callable[[], bool] | None
+    mig_status: Callable[[], MigLayoutStatus | None] | None
+    started_at_s: float | None
+    app_xids: AppXids | None
+    remediation_steps: StepCounts | None
+    validations: Callable[[], Mapping[str, bool]] | None
+
+
 def build(
-    config: AgentConfig,
-    snapshots: SnapshotFeed,
-    *,
-    health: HealthSource | None = None,
-    devices: PublishedDevices | None = None,
-    restarts: Mapping[str, int] | None = None,
-    ready_check: Callable[[], bool] | None = None,
-    live_check: Callable[[], bool] | None = None,
-    mig_status: Callable[[], MigLayoutStatus | None] | None = None,
-    started_at_s: float | None = None,
-    app_xids: AppXids | None = None,
-    remediation_steps: StepCounts | None = None,
-    validations: Callable[[], Mapping[str, bool]] | None = None,
+    config: AgentConfig, snapshots: SnapshotFeed, **inputs: Unpack[ExporterInputs]
 ) -> MetricsExporter | None:
     """The metrics component, or None when ``metrics.enabled`` is false."""
     cfg = config.metrics
@@ -323,22 +327,7 @@ def build(
                 cfg.pod_resources_interval_s,
                 request_timeout_s=kube.request_timeout_s,
             )
-    return MetricsExporter(
-        config,
-        snapshots,
-        health=health,
-        devices=devices,
-        restarts=restarts,
-        ready_check=ready_check,
-        live_check=live_check,
-        poller=poller,
-        mig_status=mig_status,
-        started_at_s=started_at_s,
-        pod_index=pod_index,
-        app_xids=app_xids,
-        remediation_steps=remediation_steps,
-        validations=validations,
-    )
+    return MetricsExporter(config, snapshots, poller=poller, pod_index=pod_index, **inputs)
 
 
-__all__ = ["MetricsExporter", "build"]
+__all__ = ["ExporterInputs", "MetricsExporter", "build"]

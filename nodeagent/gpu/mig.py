@@ -38,6 +38,12 @@ _MAX_PROFILE_INDEX = 64
 # shows within this bound.
 FULL_READ_INTERVAL_S = 10.0
 
+# The handle type of what each listing call fills in.
+_INSTANCE_HANDLE_TYPES = {
+    "nvmlDeviceGetGpuInstances": "c_nvmlGpuInstance_t",
+    "nvmlGpuInstanceGetComputeInstances": "c_nvmlComputeInstance_t",
+}
+
 # How a GPU is reset so that a pending MIG mode takes effect: called with the GPU index and its
 # PCI bus id. NVML has no reset call, so the program's edge chooses one: ``nvidia-smi -r`` on a
 # real host (:func:`nvidia_smi_reset`), the simulator's own on a simulated node. It may raise a
@@ -272,22 +278,23 @@ class MigControl:
     def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[list[Any]]:
         """The GPU instances' handles, one list per profile that can have any."""
         h = self._nvml.handle(index)
-        handles: list[list[Any]] = []
-        for profile in geometry.profiles:
-            if profile.max_count <= 0:
-                continue
-            buffer = (self._nvml.module.c_nvmlGpuInstance_t * profile.max_count)()
-            count = ctypes.c_uint(profile.max_count)
-            self._nvml.call(
-                "nvmlDeviceGetGpuInstances",
-                h,
-                profile.profile_id,
-                buffer,
-                ctypes.byref(count),
-                gpu=index,
+        return [
+            self._instances(
+                index, "nvmlDeviceGetGpuInstances", h, profile.profile_id, profile.max_count
             )
-            handles.append(buffer[: count.value])
-        return handles
+            for profile in geometry.profiles
+            if profile.max_count > 0
+        ]
+
+    def _instances(
+        self, index: int, function: str, parent: Any, profile_id: int, max_count: int
+    ) -> list[Any]:
+        """The handles ``function`` lists of one profile's instances inside ``parent``."""
+        struct = getattr(self._nvml.module, _INSTANCE_HANDLE_TYPES[function])
+        buffer = (struct * max_count)()
+        count = ctypes.c_uint(max_count)
+        self._nvml.call(function, parent, profile_id, buffer, ctypes.byref(count), gpu=index)
+        return list(buffer[: count.value])
 
     def _mig_devices(self, index: int) -> Iterator[Any]:
         """The handles of the GPU's MIG devices (one per compute instance), by slot."""
@@ -380,22 +387,18 @@ class MigControl:
         )
 
     def _ci_handles(self, index: int, gi: Any, gi_profile_id: int) -> list[tuple[Any, _CiProfile]]:
-        handles: list[tuple[Any, _CiProfile]] = []
-        for ci_profile in self._ci_profile_table(index, gi, gi_profile_id):
-            if ci_profile.max_count <= 0:
-                continue
-            buffer = (self._nvml.module.c_nvmlComputeInstance_t * ci_profile.max_count)()
-            count = ctypes.c_uint(ci_profile.max_count)
-            self._nvml.call(
+        return [
+            (ci, ci_profile)
+            for ci_profile in self._ci_profile_table(index, gi, gi_profile_id)
+            if ci_profile.max_count > 0
+            for ci in self._instances(
+                index,
                 "nvmlGpuInstanceGetComputeInstances",
                 gi,
                 ci_profile.profile_id,
-                buffer,
-                ctypes.byref(count),
-                gpu=index,
+                ci_profile.max_count,
             )
-            handles.extend((ci, ci_profile) for ci in buffer[: count.value])
-        return handles
+        ]
 
     def _read_compute_instances(
         self,

@@ -96,6 +96,17 @@ def _tracked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _fixed_gpu_reading(value: int, doc: str) -> Callable[[SimNvml, Any], int]:
+    """An NVML reading of a physical GPU that is the same on every simulated one."""
+
+    def reading(self: SimNvml, handle: Any) -> int:
+        self._gpu(handle)  # errors as the driver's: lost GPU, MIG or stale handle
+        return value
+
+    reading.__doc__ = doc
+    return reading
+
+
 ENV_SIM_TIME = "NODEAGENT_SIM_TIME"
 
 
@@ -567,30 +578,23 @@ class SimNvml:
         return info
 
     # --- modes ------------------------------------------------------------------------------
-    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        """Enabled: datacenter nodes run nvidia-persistenced (inferred, as on DGX systems)."""
-        self._gpu(handle)
-        return int(pynvml.NVML_FEATURE_ENABLED)
-
-    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
-        """NVML_COMPUTEMODE_DEFAULT (the simulator has no compute-mode setting)."""
-        self._gpu(handle)
-        return int(pynvml.NVML_COMPUTEMODE_DEFAULT)
-
-    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
-        """P0, as busy and idle datacenter GPUs with persistence mode report (nvidia-smi -q)."""
-        self._gpu(handle)
-        return 0
-
-    def nvmlDeviceGetDisplayMode(self, handle: Any) -> int:
-        """Disabled: no display is attached to a datacenter GPU."""
-        self._gpu(handle)
-        return int(pynvml.NVML_FEATURE_DISABLED)
-
-    def nvmlDeviceGetDisplayActive(self, handle: Any) -> int:
-        """Disabled: no display is attached to a datacenter GPU."""
-        self._gpu(handle)
-        return int(pynvml.NVML_FEATURE_DISABLED)
+    nvmlDeviceGetPersistenceMode = _fixed_gpu_reading(
+        int(pynvml.NVML_FEATURE_ENABLED),
+        "Enabled: datacenter nodes run nvidia-persistenced (inferred, as on DGX systems).",
+    )
+    nvmlDeviceGetComputeMode = _fixed_gpu_reading(
+        int(pynvml.NVML_COMPUTEMODE_DEFAULT),
+        "NVML_COMPUTEMODE_DEFAULT (the simulator has no compute-mode setting).",
+    )
+    nvmlDeviceGetPerformanceState = _fixed_gpu_reading(
+        0, "P0, as busy and idle datacenter GPUs with persistence mode report (nvidia-smi -q)."
+    )
+    nvmlDeviceGetDisplayMode = _fixed_gpu_reading(
+        int(pynvml.NVML_FEATURE_DISABLED), "Disabled: no display is attached to a datacenter GPU."
+    )
+    nvmlDeviceGetDisplayActive = _fixed_gpu_reading(
+        int(pynvml.NVML_FEATURE_DISABLED), "Disabled: no display is attached to a datacenter GPU."
+    )
 
     def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
         """[current, pending] ECC mode: enabled, as datacenter parts ship."""
