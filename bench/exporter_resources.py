@@ -298,6 +298,14 @@ def running_agent(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def add_window_arguments(parser: argparse.ArgumentParser, *, seconds: float) -> None:
+    """``--seconds`` (the measured window) and ``--threads``, for whole-agent benchmarks."""
+    parser.add_argument("--seconds", type=float, default=seconds, help="measured window")
+    parser.add_argument(
+        "--threads", action="store_true", help="also split the agent's CPU by thread"
+    )
+
+
 def print_threads(per_thread: dict[str, float]) -> None:
     """The CPU % per thread name, largest first."""
     for name, share in sorted(per_thread.items(), key=lambda kv: -kv[1]):
@@ -371,12 +379,9 @@ def run_breakdown(seconds: float, scrape_interval: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    add_window_arguments(parser, seconds=60.0)
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--only", choices=("agent", "breakdown"))
-    parser.add_argument(
-        "--threads", action="store_true", help="also split the agent's CPU by thread"
-    )
     parser.add_argument("--breakdown-child", nargs=3, metavar=("STATE", "SOCKET", "PORT"))
     args = parser.parse_args()
     if args.breakdown_child:

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
 from exporter_node import PODS, REPLICAS, mig_node
-from exporter_resources import measure, print_threads, running_agent
+from exporter_resources import add_window_arguments, measure, print_threads, running_agent
 
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
@@ -138,12 +138,9 @@ def run_agent(seconds: float, with_processes: bool, threads: bool) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    add_window_arguments(parser, seconds=30.0)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--only", choices=("parts", "agent"))
-    parser.add_argument(
-        "--threads", action="store_true", help="also split the agent's CPU by thread"
-    )
     args = parser.parse_args()
     print("machine: 2 cores, 24 GiB (shared); simulated NVML")
     if args.only in (None, "parts"):
