@@ -211,7 +211,7 @@ def test_model_facts(key, name, mib, device_id, cc):
 def test_compute_instance_profiles(gi_slices, ci_rows):
     gi = next(
         p
-        for p in models.A100_40.gi_profiles
+        for p in models.model("a100-40").gi_profiles
         if p.compute_slices == gi_slices and p.profile_id not in (15, 20)
     )
     got = [(c.profile_id, c.slices, c.max_count) for c in models.ci_profiles(gi)]
