@@ -91,6 +91,10 @@ class SimControl:
 
     def inject(self, kind: str, gpu: int, **args: Unpack[ops.FaultArgs]) -> None:
         """Inject a fault (``ops.FAULT_KINDS``) into GPU ``gpu``; ``args`` as ``ops.FaultArgs``."""
+        # Typed for mypy only: a misspelt keyword must still fail at run time, as it did when
+        # these were named parameters.
+        if unexpected := args.keys() - ops.FaultArgs.__optional_keys__:
+            raise TypeError(f"inject() got unexpected keyword arguments {sorted(unexpected)}")
         code, count, function = args.get("code"), args.get("count"), args.get("function")
         if kind not in ops.FAULT_KINDS:
             raise SimError(
