@@ -1,4 +1,4 @@
-"""The ``metrics`` agent component: observe each snapshot, render it when scraped, serve it."""
+"""The ``metrics`` agent component: observe each snapshot, render what scrapes get, serve it."""
 
 from __future__ import annotations
 
