@@ -186,41 +186,48 @@ _S7 = (0,)
 
 Engines = tuple[int, int, int, int]  # CE, DEC, JPEG, OFA
 Seven = tuple[int, int, int, int, int, int, int]
+BySize = tuple[float, float, float, float]  # per instance size: 1, 2, 4 and 8 memory slices
+
+# The profiles of every 8-slice part, in lgip order: 1g, 1g+me, 1g.2x, 2g, 3g, 4g, 7g. IDs, index
+# constants, slice counts, max counts and placements are the same on every one of them (lgip on
+# A100, H100, H200, GH200, B200, GB200); names, SM counts, memory and engines differ.
+_EIGHT_SLICE_FIXED = (
+    # profile_id, nvml_index, memory slices, compute slices, max count, starts, name suffix
+    (19, _P1, 1, 1, 7, _S1, ""),
+    (20, _P1_ME, 1, 1, 1, _S1, "+me"),
+    (15, _P1_2X, 2, 1, 4, _S1_2X, ""),
+    (14, _P2, 2, 2, 3, _S2, ""),
+    (9, _P3, 4, 3, 2, _S3, ""),
+    (5, _P4, 4, 4, 1, _S4, ""),
+    (0, _P7, 8, 7, 1, _S7, ""),
+)
+_SIZE_INDEX = {1: 0, 2: 1, 4: 2, 8: 3}  # memory slices -> position in a BySize
 
 
 def _eight_slice_profiles(
-    names: tuple[str, str, str, str, str, str, str],
+    gb: tuple[int, int, int, int],
+    gib: BySize,
     sms: Seven,
-    mib: Seven,
     engines: tuple[Engines, Engines, Engines, Engines, Engines, Engines, Engines],
     generation: str,
 ) -> tuple[GiProfile, ...]:
-    """Profiles of an 8-slice part, in lgip order: 1g, 1g+me, 1g.2x, 2g, 3g, 4g, 7g.
+    """The profiles of an 8-slice part.
 
-    IDs, index constants, slice counts, max counts and placements are the same on every
-    8-slice part (lgip on A100, H100, H200, GH200, B200, GB200); names, SM counts, memory and
-    engines differ.
+    A profile's name and memory follow from its memory slices: ``gb`` is the "<n>gb" of its name
+    and ``gib`` the size ``nvidia-smi mig -lgip`` prints with two decimals, each for instances of
+    1, 2, 4 and 8 slices. Every size NVML reports on these parts is a multiple of 1/8 GiB (all of
+    the go-nvml A100 mock's memorySizeMB values are), so "9.62" is 9.625 GiB, 9856 MiB.
     """
-    fixed = (
-        # profile_id, nvml_index, memory slices, compute slices, max count, starts
-        (19, _P1, 1, 1, 7, _S1),
-        (20, _P1_ME, 1, 1, 1, _S1),
-        (15, _P1_2X, 2, 1, 4, _S1_2X),
-        (14, _P2, 2, 2, 3, _S2),
-        (9, _P3, 4, 3, 2, _S3),
-        (5, _P4, 4, 4, 1, _S4),
-        (0, _P7, 8, 7, 1, _S7),
-    )
     return tuple(
         GiProfile(
-            name=name,
+            name=f"{compute}g.{gb[_SIZE_INDEX[slices]]}gb{suffix}",
             profile_id=pid,
             nvml_index=index,
             slices=slices,
             compute_slices=compute,
             multiprocessors=sm,
-            memory_mib=memory,
-            max_count=max_count,
+            memory_mib=round(gib[_SIZE_INDEX[slices]] * 8) * 128,
+            max_count=count,
             copy_engines=ce,
             decoders=dec,
             jpeg=jpg,
@@ -228,25 +235,10 @@ def _eight_slice_profiles(
             starts=starts,
             ci=_ci_table(index, compute, generation),
         )
-        for name, sm, memory, (ce, dec, jpg, ofa), (
-            pid,
-            index,
-            slices,
-            compute,
-            max_count,
-            starts,
-        ) in zip(names, sms, mib, engines, fixed, strict=True)
+        for (pid, index, slices, compute, count, starts, suffix), sm, (ce, dec, jpg, ofa) in zip(
+            _EIGHT_SLICE_FIXED, sms, engines, strict=True
+        )
     )
-
-
-def _gib(*values: float) -> Seven:
-    """MiB from the GiB that ``nvidia-smi mig -lgip`` prints with two decimals.
-
-    On the 8-slice parts every size NVML reports is a multiple of 1/8 GiB (all of the go-nvml
-    A100 mock's memorySizeMB values are), so "9.62" is 9.625 GiB, 9856 MiB.
-    """
-    a, b, c, d, e, f, g = (round(v * 8) * 128 for v in values)
-    return a, b, c, d, e, f, g
 
 
 # Engines (CE, DEC, JPEG, OFA) per profile in lgip order.
@@ -261,141 +253,39 @@ _BLACKWELL_ENGINES = ((2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0), (6
 _A100_SMS = (14, 14, 14, 28, 42, 56, 98)
 _HOPPER_SMS = (16, 16, 26, 32, 60, 64, 132)  # 1g.2x has 26 SMs and 3g 60 (real lgip)
 
-A100_40 = MigModel(
-    key="a100-40",
-    pci_device_ids=(0x20B010DE, 0x20F110DE),  # A100-SXM4-40GB, A100-PCIE-40GB
-    memory_mib=40960,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
-        _A100_SMS,
-        _gib(4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25),
-        _A100_ENGINES,
-        "ampere",
-    ),
-)
-
-A100_80 = MigModel(
-    key="a100-80",
-    pci_device_ids=(0x20B210DE, 0x20B510DE),  # A100-SXM4-80GB, A100 80GB PCIe
-    memory_mib=81920,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        _A100_SMS,
-        _gib(9.50, 9.50, 19.50, 19.50, 39.25, 39.25, 78.50),
-        _A100_ENGINES,
-        "ampere",
-    ),
-    # R535 and R545 name the 3g profile "3g.39gb" (mig-parted#31, lgip on 545.23.08).
-    driver_variants=(DriverVariant(frozenset({535, 545}), 9, name="3g.39gb"),),
-)
-
-H100_80 = MigModel(
-    key="h100-80",
-    pci_device_ids=(0x233010DE,),
-    memory_mib=81559,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        _HOPPER_SMS,
-        _gib(9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25),
-        _HOPPER_ENGINES,
-        "hopper",
-    ),
-)
-
-H100_PCIE = MigModel(
-    key="h100-pcie",
-    pci_device_ids=(0x233110DE,),
-    memory_mib=81559,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        (14, 14, 22, 28, 52, 56, 114),  # inferred: the PCIe part has 114 SMs, not 132
-        _gib(9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25),
-        _HOPPER_ENGINES,
-        "hopper",
-    ),
-)
-
-H100_NVL = MigModel(
-    key="h100-nvl",
-    pci_device_ids=(0x232110DE,),
-    memory_mib=95830,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"),
-        _HOPPER_SMS,
-        _gib(10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12),
-        _HOPPER_ENGINES,
-        "hopper",
-    ),
-)
-
 _H200_PROFILES = _eight_slice_profiles(
-    ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-    _HOPPER_SMS,
-    _gib(16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75),
-    _HOPPER_ENGINES,
-    "hopper",
-)
-H200 = MigModel(
-    key="h200",
-    pci_device_ids=(0x233510DE,),
-    memory_mib=143771,
-    memory_slices=8,
-    profiles=_H200_PROFILES,
-)
-H200_NVL = MigModel(
-    key="h200-nvl",
-    pci_device_ids=(0x233B10DE,),
-    memory_mib=143771,
-    memory_slices=8,
-    profiles=_H200_PROFILES,
+    (18, 35, 71, 141), (16.00, 32.25, 69.50, 139.75), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"
 )
 
-GH200 = MigModel(
-    key="gh200",
-    pci_device_ids=(0x234210DE,),  # the H100 96GB of a GH200 superchip
-    memory_mib=97871,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"),
-        _HOPPER_SMS,
-        _gib(11.00, 11.00, 22.12, 22.12, 47.00, 47.00, 94.50),
-        _HOPPER_ENGINES,
-        "hopper",
-    ),
-)
-
-B200 = MigModel(
-    key="b200",
-    pci_device_ids=(0x290110DE,),
-    memory_mib=183359,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),
-        (18, 18, 30, 36, 60, 72, 144),
-        _gib(20.50, 20.50, 44.25, 44.25, 89.50, 89.50, 178.50),
-        _BLACKWELL_ENGINES,
-        "blackwell",
-    ),
-)
-
-GB200 = MigModel(
-    key="gb200",
-    pci_device_ids=(0x294110DE,),
-    memory_mib=189471,
-    memory_slices=8,
-    profiles=_eight_slice_profiles(
-        ("1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"),
-        (18, 18, 32, 38, 60, 76, 152),
-        _gib(22.00, 22.00, 45.50, 45.50, 92.00, 92.00, 184.00),
-        _BLACKWELL_ENGINES,
-        "blackwell",
-    ),
-)
+# fmt: off
+# key, PCI device ids, total memory MiB, memory slices; the profiles from: the "<n>gb" and the
+# lgip GiB of instances of 1, 2, 4 and 8 slices, SMs and engines per profile, the generation.
+A100_40 = MigModel("a100-40", (0x20B010DE, 0x20F110DE), 40960, 8, _eight_slice_profiles(
+    (5, 10, 20, 40), (4.75, 9.62, 19.50, 39.25), _A100_SMS, _A100_ENGINES, "ampere"))
+A100_80 = MigModel("a100-80", (0x20B210DE, 0x20B510DE), 81920, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.50, 19.50, 39.25, 78.50), _A100_SMS, _A100_ENGINES, "ampere"),
+    # R535 and R545 name the 3g profile "3g.39gb" (mig-parted#31, lgip on 545.23.08).
+    driver_variants=(DriverVariant(frozenset({535, 545}), 9, name="3g.39gb"),))
+H100_80 = MigModel("h100-80", (0x233010DE,), 81559, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+# Inferred: the PCIe part has 114 SMs, not 132.
+H100_PCIE = MigModel("h100-pcie", (0x233110DE,), 81559, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), (14, 14, 22, 28, 52, 56, 114),
+    _HOPPER_ENGINES, "hopper"))
+H100_NVL = MigModel("h100-nvl", (0x232110DE,), 95830, 8, _eight_slice_profiles(
+    (12, 24, 47, 94), (10.75, 21.62, 46.38, 93.12), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+H200 = MigModel("h200", (0x233510DE,), 143771, 8, _H200_PROFILES)
+H200_NVL = MigModel("h200-nvl", (0x233B10DE,), 143771, 8, _H200_PROFILES)
+# The H100 96GB of a GH200 superchip.
+GH200 = MigModel("gh200", (0x234210DE,), 97871, 8, _eight_slice_profiles(
+    (12, 24, 48, 96), (11.00, 22.12, 47.00, 94.50), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+B200 = MigModel("b200", (0x290110DE,), 183359, 8, _eight_slice_profiles(
+    (23, 45, 90, 180), (20.50, 44.25, 89.50, 178.50), (18, 18, 30, 36, 60, 72, 144),
+    _BLACKWELL_ENGINES, "blackwell"))
+GB200 = MigModel("gb200", (0x294110DE,), 189471, 8, _eight_slice_profiles(
+    (23, 47, 93, 186), (22.00, 45.50, 92.00, 184.00), (18, 18, 32, 38, 60, 76, 152),
+    _BLACKWELL_ENGINES, "blackwell"))
+# fmt: on
 
 # A30: 4 memory slices. Placements are from the go-nvml mock (not seen on hardware).
 _A30_S1 = (0, 1, 2, 3)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +47,15 @@ MigOption = Annotated[
 ]
 
 
+@contextmanager
+def _sim_refusal_fails() -> Iterator[None]:
+    """Exit 2 with the simulator's cause and hint when it refuses what a command asked for."""
+    try:
+        yield
+    except SimError as exc:
+        fail(str(exc), exc.hint)
+
+
 def _control(simulate: str | None, state_dir: Path | None) -> SimControl:
     return SimControl(state_dir or default_state_dir(), preset=simulate)
 
@@ -70,10 +81,8 @@ def presets_cmd(json_out: JsonOption = False) -> None:
 def reset_cmd(simulate: SimulateOption = None, state_dir: StateDirOption = None) -> None:
     """Recreate the simulated node from a preset (default: the node's current preset)."""
     control = _run_or_fail(simulate, state_dir)
-    try:
+    with _sim_refusal_fails():
         control.reset(simulate)
-    except SimError as exc:
-        fail(str(exc), exc.hint)
     state = control.store.read()
     gpus = len(state["gpus"])
     sys.stdout.write(
@@ -121,13 +130,6 @@ def inject_cmd(
     state_dir: StateDirOption = None,
 ) -> None:
     """Inject a fault into one GPU."""
-    control = _run_or_fail(simulate, state_dir)
-    try:
-        control.inject(
-            kind, gpu, mig_uuid=mig, code=code, version=version, count=count, function=function
-        )
-    except SimError as exc:
-        fail(str(exc), exc.hint)
     details = [
         f"{name} {value}"
         for name, value in (
@@ -136,14 +138,26 @@ def inject_cmd(
         if value is not None
     ]  # fmt: skip
     target = f"MIG device {mig} of GPU {gpu}" if mig else f"GPU {gpu}"
-    _done(
-        control,
+    _change(
+        simulate,
+        state_dir,
+        lambda c: c.inject(
+            kind, gpu, mig_uuid=mig, code=code, version=version, count=count, function=function
+        ),
         f"injected {kind}" + (f" ({', '.join(details)})" if details else "") + f" into {target}",
     )
 
 
-def _done(control: SimControl, what: str) -> None:
-    """Say what a command changed on which simulated node (silence reads as nothing done)."""
+def _change(
+    simulate: str | None, state_dir: Path | None, change: Callable[[SimControl], object], what: str
+) -> None:
+    """Make one change to the simulated node and say what changed on which node.
+
+    Silence would read as nothing done; a refusal exits 2 with the simulator's cause and hint.
+    """
+    control = _run_or_fail(simulate, state_dir)
+    with _sim_refusal_fails():
+        change(control)
     sys.stdout.write(f"{what} (simulated node in {control.store.state_dir})\n")
 
 
@@ -152,12 +166,7 @@ def clear_cmd(
     gpu: GpuOption, simulate: SimulateOption = None, state_dir: StateDirOption = None
 ) -> None:
     """End a GPU's faults (cumulative counters such as ECC stay)."""
-    control = _run_or_fail(simulate, state_dir)
-    try:
-        control.clear(gpu)
-    except SimError as exc:
-        fail(str(exc), exc.hint)
-    _done(control, f"cleared the faults of GPU {gpu}")
+    _change(simulate, state_dir, lambda c: c.clear(gpu), f"cleared the faults of GPU {gpu}")
 
 
 @app.command("reset-gpu")
@@ -165,12 +174,7 @@ def reset_gpu_cmd(
     gpu: GpuOption, simulate: SimulateOption = None, state_dir: StateDirOption = None
 ) -> None:
     """Reset one GPU as `nvidia-smi -r` does: apply a pending MIG mode, wipe its instances."""
-    control = _run_or_fail(simulate, state_dir)
-    try:
-        control.reset_gpu(gpu)
-    except SimError as exc:
-        fail(str(exc), exc.hint)
-    _done(control, f"reset GPU {gpu}")
+    _change(simulate, state_dir, lambda c: c.reset_gpu(gpu), f"reset GPU {gpu}")
 
 
 @process_app.command("add")
@@ -200,12 +204,10 @@ def process_add_cmd(
 ) -> None:
     """Attach a fake compute process; prints its PID."""
     control = _run_or_fail(simulate, state_dir)
-    try:
+    with _sim_refusal_fails():
         pid = control.add_process(
             gpu, mig_uuid=mig, used_memory_mib=memory_mib, load=sm_share, name=name, mps=mps
         )
-    except SimError as exc:
-        fail(str(exc), exc.hint)
     sys.stdout.write(f"{pid}\n")
 
 
@@ -216,12 +218,7 @@ def process_remove_cmd(
     state_dir: StateDirOption = None,
 ) -> None:
     """Detach a fake compute process."""
-    control = _run_or_fail(simulate, state_dir)
-    try:
-        control.remove_process(pid)
-    except SimError as exc:
-        fail(str(exc), exc.hint)
-    _done(control, f"removed process {pid}")
+    _change(simulate, state_dir, lambda c: c.remove_process(pid), f"removed process {pid}")
 
 
 @app.command(
@@ -254,10 +251,8 @@ def exec_cmd(
     if not command:
         fail("no command to run", "name it after `--`, e.g. nodeagent sim exec -- gpustat --json")
     control = _run_or_fail(simulate, state_dir)
-    try:
+    with _sim_refusal_fails():
         control.state()  # seed the node now: the program must find it there
-    except SimError as exc:
-        fail(str(exc), exc.hint)
     env = dict(os.environ)
     # Programs of nodeagent's own environment first: a `python` or a tool installed beside
     # nodeagent can import the simulator, another interpreter cannot.

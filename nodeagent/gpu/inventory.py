@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from nodeagent.gpu import errors
@@ -35,6 +35,12 @@ class Static:
     minor_number: int | None
     temperature_slowdown_celsius: float | None
     nvlinks: tuple[int, ...]  # indices of the NVLinks this GPU has (up or down)
+
+
+# The static facts GpuInfo carries as they are (the rest serve the inventory's own reads).
+_STATIC_INFO = tuple(
+    fact.name for fact in fields(Static) if fact.name in {info.name for info in fields(GpuInfo)}
+)
 
 
 def unknown_gpu_id(index: int) -> str:
@@ -121,21 +127,12 @@ class Inventory:
         capable, current, pending = self.mig_mode(index)
         info = GpuInfo(
             index=index,
-            uuid=static.uuid,
-            name=static.name,
-            serial=static.serial,
-            pci_bus_id=static.pci_bus_id,
-            pci_device_id=static.pci_device_id,
-            numa_node=static.numa_node,
-            memory_total_bytes=static.memory_total_bytes,
-            compute_capability=static.compute_capability,
             driver_version=driver,
             cuda_driver_version=cuda,
-            vbios_version=static.vbios_version,
             mig_capable=capable,
             mig_enabled=current,
             mig_pending=pending,
-            minor_number=static.minor_number,
+            **{name: getattr(static, name) for name in _STATIC_INFO},
         )
         self._last_info[index] = info
         return info

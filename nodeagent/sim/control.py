@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import pynvml
 
@@ -89,29 +89,20 @@ class SimControl:
         self._check_preset(name)
         self.store.replace(new_state(name, self.clock()))
 
-    def inject(
-        self,
-        kind: str,
-        gpu: int,
-        mig_uuid: str | None = None,
-        code: int | None = None,
-        version: str | None = None,
-        count: int | None = None,
-        function: str | None = None,
-    ) -> None:
-        """Inject a fault (``ops.FAULT_KINDS``) into GPU ``gpu``.
-
-        ``code``: the XID (xid), the link (nvlink-down, nvlink-errors) or the NVML return code
-        (nvml-error). ``count``: the burst size (pcie-replay, nvlink-errors). ``function``: the
-        NVML function that fails (nvml-error). Defaults are in docs/simulator.md.
-        """
+    def inject(self, kind: str, gpu: int, **args: Unpack[ops.FaultArgs]) -> None:
+        """Inject a fault (``ops.FAULT_KINDS``) into GPU ``gpu``; ``args`` as ``ops.FaultArgs``."""
+        # Typed for mypy only: a misspelt keyword must still fail at run time, as it did when
+        # these were named parameters.
+        if unexpected := args.keys() - ops.FaultArgs.__optional_keys__:
+            raise TypeError(f"inject() got unexpected keyword arguments {sorted(unexpected)}")
+        code, count, function = args.get("code"), args.get("count"), args.get("function")
         if kind not in ops.FAULT_KINDS:
             raise SimError(
                 f"unknown fault kind {kind!r}", f"choose one of: {', '.join(ops.FAULT_KINDS)}"
             )
         if kind == "xid" and code is None:
             raise SimError("fault 'xid' needs an XID code", "pass --code, e.g. --code 79")
-        if kind == "driver" and not version:
+        if kind == "driver" and not args.get("version"):
             raise SimError("fault 'driver' needs a version", "pass --version, e.g. 570.172.08")
         if count is not None and count < 1:
             raise SimError(f"count {count} must be 1 or more", "pass --count 1 or more")
@@ -126,13 +117,10 @@ class SimControl:
         now = self.clock()
         self._change(
             gpu,
-            mig_uuid,
-            lambda s: ops.inject(
-                s, kind, gpu, now, mig_uuid=mig_uuid, code=code, version=version, count=count,
-                function=function,
-            ),
-            what=f"inject {kind}",
-        )  # fmt: skip
+            args.get("mig_uuid"),
+            lambda s: ops.inject(s, kind, gpu, now, **args),
+            f"inject {kind}",
+        )
 
     @staticmethod
     def _check_nvml_error(function: str | None, code: int | None) -> None:

@@ -17,7 +17,7 @@ Two driver behaviours that the agent depends on are switchable per node
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import pynvml
 
@@ -552,26 +552,29 @@ def _event(
     )
 
 
-def inject(
-    state: State,
-    kind: str,
-    index: int,
-    now: float,
-    mig_uuid: str | None = None,
-    code: int | None = None,
-    version: str | None = None,
-    count: int | None = None,
-    function: str | None = None,
-) -> None:
-    """Inject a fault into GPU ``index`` (kinds in ``FAULT_KINDS``; see docs/simulator.md).
+class FaultArgs(TypedDict, total=False):
+    """What a fault takes besides its kind and GPU; left out or ``None``: not given.
 
-    ``code`` is the XID (xid), the link (nvlink-down, nvlink-errors) or the NVML return code
-    (nvml-error); ``count`` the size of a counter burst (pcie-replay, nvlink-errors);
-    ``function`` the NVML function that fails (nvml-error).
+    ``mig_uuid`` the MIG device an XID names; ``code`` the XID (xid), the link (nvlink-down,
+    nvlink-errors) or the NVML return code (nvml-error); ``version`` the new driver version
+    (driver); ``count`` the size of a counter burst (pcie-replay, nvlink-errors); ``function``
+    the NVML function that fails (nvml-error). docs/simulator.md lists the defaults.
+    """
+
+    mig_uuid: str | None
+    code: int | None
+    version: str | None
+    count: int | None
+    function: str | None
+
+
+def inject(state: State, kind: str, index: int, now: float, **args: Unpack[FaultArgs]) -> None:
+    """Inject a fault into GPU ``index`` (kinds in ``FAULT_KINDS``; see docs/simulator.md).
 
     Raises ValueError for a kind that needs an argument it did not get; NVMLError for an
     unknown MIG UUID or a GPU without the feature.
     """
+    mig_uuid, code, count = args.get("mig_uuid"), args.get("code"), args.get("count")
     gpu = get_gpu(state, index)
     model = gpu_model(gpu)
     xid_type = pynvml.nvmlEventTypeXidCriticalError
@@ -626,6 +629,7 @@ def inject(
         gpu["faults"]["lost"] = True
         _event(state, index, xid_type, XID_FALLEN_OFF_BUS, now)
     elif kind == "driver":
+        version = args.get("version")
         if not version:
             raise ValueError("fault 'driver' needs a version, e.g. 570.172.08")
         state["driver_version"] = version
@@ -646,7 +650,7 @@ def inject(
         checkpoint_energy(state, index, now)
         faults_of(gpu)["power"] = "cap" if kind == "power-cap" else "brake"
     elif kind == "nvml-error":
-        name = function or NVML_ERROR_FUNCTION
+        name = args.get("function") or NVML_ERROR_FUNCTION
         failure = NVML_ERROR_CODE if code is None else code
         if failure <= 0:
             raise ValueError(f"NVML return code {failure} is not an error; pass a code above 0")

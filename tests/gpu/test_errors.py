@@ -9,38 +9,35 @@ from nodeagent.gpu import errors
 from nodeagent.gpu._topology import link_kind_for_level, normalize_bus_id
 from nodeagent.gpu.types import LinkKind
 
+# The taxonomy by class: (raised by a call on a device, class, the NVML_ERROR_* codes it takes).
+TAXONOMY: list[tuple[bool, type[errors.GpuError], tuple[str, ...]]] = [
+    (True, errors.NotSupported, ("NOT_SUPPORTED", "FUNCTION_NOT_FOUND")),  # FUNCTION_: old driver
+    (True, errors.PermissionDenied, ("NO_PERMISSION",)),
+    (True, errors.InUse, ("IN_USE",)),
+    (True, errors.InsufficientResources, ("INSUFFICIENT_RESOURCES",)),
+    (True, errors.InvalidArgument, ("INVALID_ARGUMENT",)),
+    (True, errors.NotFound, ("NOT_FOUND",)),
+    (True, errors.GpuLost, ("GPU_IS_LOST", "UNKNOWN")),
+    (True, errors.ResetRequired, ("RESET_REQUIRED",)),
+    (True, errors.GpuError, ("CORRUPTED_INFOROM",)),  # any other code
+    (False, errors.GpuError, ("UNKNOWN",)),  # UNKNOWN loses a GPU only on a call on it
+    (False, errors.Transient, ("TIMEOUT",)),
+    (False, errors.DriverNotLoaded, ("DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND",
+                                     "LIB_RM_VERSION_MISMATCH")),
+]  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("code", "on_device", "expected"),
     [
         pytest.param(
-            pynvml.NVML_ERROR_NOT_SUPPORTED, True, errors.NotSupported, id="not-supported"
-        ),
-        pytest.param(
-            pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, True, errors.NotSupported, id="old-driver"
-        ),
-        pytest.param(
-            pynvml.NVML_ERROR_NO_PERMISSION, True, errors.PermissionDenied, id="permission"
-        ),
-        pytest.param(pynvml.NVML_ERROR_IN_USE, True, errors.InUse, id="in-use"),
-        pytest.param(
-            pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, True, errors.InsufficientResources, id="full"
-        ),
-        pytest.param(pynvml.NVML_ERROR_INVALID_ARGUMENT, True, errors.InvalidArgument, id="arg"),
-        pytest.param(pynvml.NVML_ERROR_NOT_FOUND, True, errors.NotFound, id="not-found"),
-        pytest.param(pynvml.NVML_ERROR_GPU_IS_LOST, True, errors.GpuLost, id="lost"),
-        pytest.param(pynvml.NVML_ERROR_UNKNOWN, True, errors.GpuLost, id="unknown-on-a-gpu"),
-        pytest.param(pynvml.NVML_ERROR_UNKNOWN, False, errors.GpuError, id="unknown-node-wide"),
-        pytest.param(pynvml.NVML_ERROR_RESET_REQUIRED, True, errors.ResetRequired, id="reset"),
-        pytest.param(pynvml.NVML_ERROR_TIMEOUT, False, errors.Transient, id="timeout"),
-        pytest.param(
-            pynvml.NVML_ERROR_DRIVER_NOT_LOADED, False, errors.DriverNotLoaded, id="driver"
-        ),
-        pytest.param(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, False, errors.DriverNotLoaded, id="lib"),
-        pytest.param(
-            pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, False, errors.DriverNotLoaded, id="mismatch"
-        ),
-        pytest.param(pynvml.NVML_ERROR_CORRUPTED_INFOROM, True, errors.GpuError, id="other"),
+            getattr(pynvml, f"NVML_ERROR_{name}"),
+            on_device,
+            expected,
+            id=f"{name.lower()}-{'device' if on_device else 'node-wide'}",
+        )
+        for on_device, expected, names in TAXONOMY
+        for name in names
     ],
 )
 def test_nvml_codes_map_to_the_taxonomy(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from nodeagent.sim.control import SimControl
@@ -50,3 +51,14 @@ def enable_mig(sim: SimNvml, index: int = 0) -> object:
     sim.nvmlDeviceSetMigMode(handle, sim.NVML_DEVICE_MIG_ENABLE)
     sim.sim_reset_gpu(index)
     return handle
+
+
+def two_slice_mig_device(sim: SimNvml) -> tuple[object, object, object]:
+    """GPU 0 with MIG on and one 2g GPU instance (profile 14) under one whole compute instance.
+
+    Returns the GPU's handle, the GPU instance and the MIG device's handle.
+    """
+    handle = enable_mig(sim)
+    gi = sim.nvmlDeviceCreateGpuInstance(handle, 14)
+    sim.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
+    return handle, gi, sim.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)

@@ -16,57 +16,65 @@ from tests.sim.conftest import enable_mig
 # Published GPU-instance profile rows: name, profile ID, NVML index constant, memory slices, SMs,
 # memory MiB (lgip GiB to the 1/8 GiB), max count, CE/DEC/JPG/OFA. Each table names its source;
 # models.SOURCES says the same for the catalog.
+# The columns every 8-slice part shows alike in lgip (A100, H100, H200, B200, GB200), in lgip
+# order: profile ID, NVML index constant, memory slices, max count.
+EIGHT_SLICE = [(19, 0x0, 1, 7), (20, 0x7, 1, 1), (15, 0x9, 2, 4), (14, 0x1, 2, 3), (9, 0x2, 4, 2),
+               (5, 0x3, 4, 1), (0, 0x4, 8, 1)]  # fmt: skip
+A100_SMS = [14, 14, 14, 28, 42, 56, 98]
+A100_ENGINES = [(1, 0, 0, 0), (1, 1, 1, 1), (1, 1, 0, 0), (2, 1, 0, 0), (3, 2, 0, 0), (4, 2, 0, 0),
+                (7, 5, 1, 1)]  # fmt: skip
+HOPPER_SMS = [16, 16, 26, 32, 60, 64, 132]
+HOPPER_ENGINES = [(1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, 0),
+                  (4, 4, 4, 0), (8, 7, 7, 1)]  # fmt: skip
+
+
+def eight_slice(names, sms, mib, engines):
+    """The rows of an 8-slice part from its own columns, one per name (the first ``len(names)``
+    profiles where only those are published)."""
+    return [
+        (name, pid, index, slices, sm, memory, count, engine)
+        for name, (pid, index, slices, count), sm, memory, engine in zip(
+            names, EIGHT_SLICE, sms, mib, engines, strict=False
+        )
+    ]
+
+
 # UG "Supported MIG Profiles" (A100) and lgip in "Getting Started".
-A100_40 = [
-    ("1g.5gb", 19, 0x0, 1, 14, 4864, 7, (1, 0, 0, 0)),
-    ("1g.5gb+me", 20, 0x7, 1, 14, 4864, 1, (1, 1, 1, 1)),
-    ("1g.10gb", 15, 0x9, 2, 14, 9856, 4, (1, 1, 0, 0)),
-    ("2g.10gb", 14, 0x1, 2, 28, 9856, 3, (2, 1, 0, 0)),
-    ("3g.20gb", 9, 0x2, 4, 42, 19968, 2, (3, 2, 0, 0)),
-    ("4g.20gb", 5, 0x3, 4, 56, 19968, 1, (4, 2, 0, 0)),
-    ("7g.40gb", 0, 0x4, 8, 98, 40192, 1, (7, 5, 1, 1)),
-]
+A100_40 = eight_slice(
+    ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    A100_SMS,
+    [4864, 4864, 9856, 9856, 19968, 19968, 40192],
+    A100_ENGINES,
+)
 # lgip on A100-SXM4-80GB: 1g.10gb 9.50 GiB, 1g.20gb/2g.20gb 19.50, 3g/4g 39.25, 7g 78.50.
-A100_80 = [
-    ("1g.10gb", 19, 0x0, 1, 14, 9728, 7, (1, 0, 0, 0)),
-    ("1g.10gb+me", 20, 0x7, 1, 14, 9728, 1, (1, 1, 1, 1)),
-    ("1g.20gb", 15, 0x9, 2, 14, 19968, 4, (1, 1, 0, 0)),
-    ("2g.20gb", 14, 0x1, 2, 28, 19968, 3, (2, 1, 0, 0)),
-    ("3g.40gb", 9, 0x2, 4, 42, 40192, 2, (3, 2, 0, 0)),
-    ("4g.40gb", 5, 0x3, 4, 56, 40192, 1, (4, 2, 0, 0)),
-    ("7g.80gb", 0, 0x4, 8, 98, 80384, 1, (7, 5, 1, 1)),
-]
+A100_80 = eight_slice(
+    ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    A100_SMS,
+    [9728, 9728, 19968, 19968, 40192, 40192, 80384],
+    A100_ENGINES,
+)
 # lgip on H100 80GB HBM3: 9.75 / 19.62 (1g.20gb equals 2g.20gb) / 39.50 / 79.25 GiB.
-H100_80 = [
-    ("1g.10gb", 19, 0x0, 1, 16, 9984, 7, (1, 1, 1, 0)),
-    ("1g.10gb+me", 20, 0x7, 1, 16, 9984, 1, (1, 1, 1, 1)),
-    ("1g.20gb", 15, 0x9, 2, 26, 20096, 4, (1, 1, 1, 0)),
-    ("2g.20gb", 14, 0x1, 2, 32, 20096, 3, (2, 2, 2, 0)),
-    ("3g.40gb", 9, 0x2, 4, 60, 40448, 2, (3, 3, 3, 0)),
-    ("4g.40gb", 5, 0x3, 4, 64, 40448, 1, (4, 4, 4, 0)),
-    ("7g.80gb", 0, 0x4, 8, 132, 81152, 1, (8, 7, 7, 1)),
-]
+H100_80 = eight_slice(
+    ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    HOPPER_SMS,
+    [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+    HOPPER_ENGINES,
+)
 # lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101): 10.75 / 21.62 / 46.38 GiB;
 # 7g 93.12 GiB (reference notes).
-H100_NVL = [
-    ("1g.12gb", 19, 0x0, 1, 16, 11008, 7, (1, 1, 1, 0)),
-    ("1g.12gb+me", 20, 0x7, 1, 16, 11008, 1, (1, 1, 1, 1)),
-    ("1g.24gb", 15, 0x9, 2, 26, 22144, 4, (1, 1, 1, 0)),
-    ("2g.24gb", 14, 0x1, 2, 32, 22144, 3, (2, 2, 2, 0)),
-    ("3g.47gb", 9, 0x2, 4, 60, 47488, 2, (3, 3, 3, 0)),
-    ("4g.47gb", 5, 0x3, 4, 64, 47488, 1, (4, 4, 4, 0)),
-    ("7g.94gb", 0, 0x4, 8, 132, 95360, 1, (8, 7, 7, 1)),
-]
+H100_NVL = eight_slice(
+    ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+    HOPPER_SMS,
+    [11008, 11008, 22144, 22144, 47488, 47488, 95360],
+    HOPPER_ENGINES,
+)
 # lgip on H200 (NVIDIA/mig-parted#120): 16.00 / 32.25 / 69.50 / 139.75 GiB.
-H200 = [
-    ("1g.18gb", 19, 0x0, 1, 16, 16384, 7, (1, 1, 1, 0)),
-    ("1g.18gb+me", 20, 0x7, 1, 16, 16384, 1, (1, 1, 1, 1)),
-    ("1g.35gb", 15, 0x9, 2, 26, 33024, 4, (1, 1, 1, 0)),
-    ("2g.35gb", 14, 0x1, 2, 32, 33024, 3, (2, 2, 2, 0)),
-    ("3g.71gb", 9, 0x2, 4, 60, 71168, 2, (3, 3, 3, 0)),
-    ("4g.71gb", 5, 0x3, 4, 64, 71168, 1, (4, 4, 4, 0)),
-    ("7g.141gb", 0, 0x4, 8, 132, 143104, 1, (8, 7, 7, 1)),
-]
+H200 = eight_slice(
+    ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    HOPPER_SMS,
+    [16384, 16384, 33024, 33024, 71168, 71168, 143104],
+    HOPPER_ENGINES,
+)
 # UG A30 table.
 A30 = [
     ("1g.6gb", 14, 0x0, 1, 14, 5952, 4, (1, 0, 0, 0)),
@@ -76,19 +84,19 @@ A30 = [
     ("4g.24gb", 0, 0x3, 4, 56, 24000, 1, (4, 4, 1, 1)),
 ]
 # lgip on B200 (NVIDIA/mig-parted#187, 1g at 20.50 GiB): the four published rows.
-B200 = [
-    ("1g.23gb", 19, 0x0, 1, 18, 20992, 7, (2, 1, 1, 0)),
-    ("1g.23gb+me", 20, 0x7, 1, 18, 20992, 1, (2, 1, 1, 1)),
-    ("1g.45gb", 15, 0x9, 2, 30, 45312, 4, (2, 1, 1, 0)),
-    ("2g.45gb", 14, 0x1, 2, 36, 45312, 3, (4, 2, 2, 0)),
-]
+B200 = eight_slice(
+    ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb"],
+    [18, 18, 30, 36],
+    [20992, 20992, 45312, 45312],
+    [(2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0)],
+)
 # lgip on GB200 (NVIDIA/mig-parted#227, 1g.23gb at 22.00 GiB): the four published rows.
-GB200 = [
-    ("1g.23gb", 19, 0x0, 1, 18, 22528, 7, (2, 1, 1, 0)),
-    ("1g.23gb+me", 20, 0x7, 1, 18, 22528, 1, (2, 1, 1, 1)),
-    ("1g.47gb", 15, 0x9, 2, 32, 46592, 4, (2, 1, 1, 0)),
-    ("2g.47gb", 14, 0x1, 2, 38, 46592, 3, (4, 2, 2, 0)),
-]
+GB200 = eight_slice(
+    ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb"],
+    [18, 18, 32, 38],
+    [22528, 22528, 46592, 46592],
+    [(2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0)],
+)
 # Names only, from mig-parted's config-default.yaml (all seven, lgip order).
 NAMES = {
     "h100-pcie": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
@@ -211,7 +219,7 @@ def test_model_facts(key, name, mib, device_id, cc):
 def test_compute_instance_profiles(gi_slices, ci_rows):
     gi = next(
         p
-        for p in models.A100_40.gi_profiles
+        for p in models.model("a100-40").gi_profiles
         if p.compute_slices == gi_slices and p.profile_id not in (15, 20)
     )
     got = [(c.profile_id, c.slices, c.max_count) for c in models.ci_profiles(gi)]

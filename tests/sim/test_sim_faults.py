@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from nodeagent.sim.control import SimError
-from tests.sim.conftest import enable_mig
+from tests.sim.conftest import enable_mig, two_slice_mig_device
 
 MIB = 1024 * 1024
 
@@ -31,10 +31,7 @@ def test_process_on_full_gpu_shows_up_and_loads_it(make_sim, control_for, clock)
 
 def test_process_on_mig_device_carries_instance_ids(make_sim, control_for):
     sim = make_sim("dgx-a100")
-    handle = enable_mig(sim)
-    gi = sim.nvmlDeviceCreateGpuInstance(handle, 14)
-    sim.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
-    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
+    handle, gi, mig = two_slice_mig_device(sim)
     pid = control_for(sim).add_process(0, mig_uuid=sim.nvmlDeviceGetUUID(mig))
     (proc,) = sim.nvmlDeviceGetComputeRunningProcesses(mig)
     gi_id = sim.nvmlGpuInstanceGetInfo(gi).id

@@ -361,13 +361,19 @@ def test_media_engines_never_limit_plain_layouts(make_sim, preset):
         assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, 20) == 0
 
 
+def _ci_profile_info(sim, gi_profile, ci_profile):
+    """GPU 0 with MIG on and a new GPU instance of ``gi_profile``: the GPU's handle, the GPU
+    instance and the info of compute-instance profile ``ci_profile`` in it."""
+    handle = enable_mig(sim)
+    gi = sim.nvmlDeviceCreateGpuInstance(handle, gi_profile)
+    return handle, gi, sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile, 0)
+
+
 def test_one_slice_double_memory_gi_offers_ci_profile_rev1(make_sim):
     """H100: a 1g.20gb GPU instance takes compute-instance profile 7 (1_SLICE_REV1)."""
-    sim = make_sim("dgx-h100")
-    handle = enable_mig(sim)
-    gi = sim.nvmlDeviceCreateGpuInstance(handle, 15)
     rev1 = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1
-    info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, rev1, 0)
+    sim = make_sim("dgx-h100")
+    handle, gi, info = _ci_profile_info(sim, 15, rev1)
     assert (info.id, info.sliceCount, info.name) == (7, 1, "1g.20gb")
     with pytest.raises(pynvml.NVMLError_NotSupported):
         sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -382,11 +388,8 @@ def test_one_slice_double_memory_gi_offers_ci_profile_rev1(make_sim):
 
 
 def test_ampere_whole_gpu_gi_lists_the_nvl_ci_profile(make_sim):
-    sim = make_sim("dgx-a100")
-    handle = enable_mig(sim)
-    gi = sim.nvmlDeviceCreateGpuInstance(handle, 0)
     nvl = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL
-    info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, nvl, 0)
+    _, _, info = _ci_profile_info(make_sim("dgx-a100"), 0, nvl)
     assert (info.id, info.sliceCount) == (nvl, 7)
 
 

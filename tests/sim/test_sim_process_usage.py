@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from nodeagent.sim.control import SimError
-from tests.sim.conftest import enable_mig
+from tests.sim.conftest import two_slice_mig_device
 
 MIB = 1024 * 1024
 
@@ -82,10 +82,7 @@ def test_idle_gpu_has_no_samples(make_sim, control_for):
 
 def test_mig_has_no_per_process_utilization_but_keeps_memory(make_sim, control_for):
     sim = make_sim("dgx-a100")
-    handle = enable_mig(sim)
-    gi = sim.nvmlDeviceCreateGpuInstance(handle, 14)
-    sim.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
-    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
+    handle, _, mig = two_slice_mig_device(sim)
     pid = control_for(sim).add_process(
         0, mig_uuid=sim.nvmlDeviceGetUUID(mig), used_memory_mib=700, load=0.2
     )

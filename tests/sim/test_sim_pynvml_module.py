@@ -89,7 +89,7 @@ def test_memory_v2_pointer_fills_the_callers_struct(make_sim, control_for):
     memory.version = pynvml.nvmlMemory_v2
     fn = sim._nvmlGetFunctionPointer("nvmlDeviceGetMemoryInfo_v2")
     assert fn(handle, ctypes.byref(memory)) == pynvml.NVML_SUCCESS
-    assert memory.reserved == models.H100_80.reserved_mib * models.MIB
+    assert memory.reserved == models.model("h100-80").reserved_mib * models.MIB
     assert memory.used == (2048 + 1) * models.MIB
     assert memory.total == memory.reserved + memory.used + memory.free
     memory.version = 1  # a struct version the driver does not know
