@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, InitVar, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -101,41 +101,31 @@ def _needs_instance(t: _Target, mine: set[tuple[int, str, int]]) -> bool:
     return t.profile is not None and (t.existing is None or _key(t) in mine)
 
 
+@dataclass(eq=False)
 class Driver:
     """The claims of one DRA driver on one node."""
 
-    def __init__(
-        self,
-        node: MigDevices,
-        claims: ClaimSource,
-        checkpoint: Checkpoint,
-        cdi: CdiWriter,
-        mig_lock: ProcessLock,
-        *,
-        driver_name: str,
-        pool_name: str,
-        dynamic_mig: bool,
-        state_dir: Path,
-        on_change: Callable[[], None] = lambda: None,
-        lock_timeout_s: float = LOCK_TIMEOUT_S,
-        proc_capabilities: Path = PROC_CAPABILITIES,
-        mps: MpsSection | None = None,
-    ) -> None:
-        self.node = node
-        self.claims = claims
-        self.checkpoint = checkpoint
-        self.cdi = cdi
-        self.mig_lock = mig_lock
-        self.driver_name = driver_name
-        self.pool_name = pool_name
-        self.dynamic_mig = dynamic_mig
-        self.state_dir = state_dir
-        self.on_change = on_change
-        self.lock_timeout_s = lock_timeout_s
-        self.proc_capabilities = proc_capabilities
-        self._serial = threading.Lock()  # the kubelet may call concurrently; claims go in turn
-        self.mps = MpsSupervisor(
-            mps or MpsSection(root=state_dir / "dra" / "mps"),
+    node: MigDevices
+    claims: ClaimSource
+    checkpoint: Checkpoint
+    cdi: CdiWriter
+    mig_lock: ProcessLock
+    _: KW_ONLY
+    driver_name: str
+    pool_name: str
+    dynamic_mig: bool
+    state_dir: Path
+    on_change: Callable[[], None] = lambda: None
+    lock_timeout_s: float = LOCK_TIMEOUT_S
+    proc_capabilities: Path = PROC_CAPABILITIES
+    mps: InitVar[MpsSection | None] = None  # the MPS daemons' section (default: in state_dir)
+    # The kubelet may call concurrently; claims go in turn.
+    _serial: threading.Lock = field(default_factory=threading.Lock, init=False)
+    mps_supervisor: MpsSupervisor = field(init=False)
+
+    def __post_init__(self, mps: MpsSection | None) -> None:
+        self.mps_supervisor = MpsSupervisor(
+            mps or MpsSection(root=self.state_dir / "dra" / "mps"),
             lambda: None,
             consequence="MPS claims on the device fail, or wait, until it answers",
         )
@@ -431,7 +421,7 @@ class Driver:
             )
         mps = None
         if mps_record is not None:
-            daemon = self.mps.daemon(mps_record.uuid)
+            daemon = self.mps_supervisor.daemon(mps_record.uuid)
             assert daemon is not None  # _start_mps started it
             mps = Mps(
                 daemon.pipe_dir,
@@ -482,12 +472,17 @@ class Driver:
         wanted = [m for m in mps if m is not None]
         if not wanted:
             return
-        self.mps.sync(self._mps_targets(wanted))
+        self.mps_supervisor.sync(self._mps_targets(wanted))
         names = {m.uuid: t.name for t, m in zip(targets, mps, strict=True) if m is not None}
-        failed = [(uuid, self.mps.daemon(uuid)) for uuid in names if not self.mps.ready(uuid)]
+        failed = [
+            (uuid, self.mps_supervisor.daemon(uuid))
+            for uuid in names
+            if not self.mps_supervisor.ready(uuid)
+        ]
         if not failed:
             return
-        self.mps.sync(self._mps_targets())  # no daemon left behind for a claim not prepared
+        # No daemon left behind for a claim not prepared.
+        self.mps_supervisor.sync(self._mps_targets())
         reasons = "; ".join(
             f"{names[uuid]}: {daemon.last_error if daemon else 'not started'}"
             for uuid, daemon in failed
@@ -502,9 +497,9 @@ class Driver:
         targets = self._mps_targets()
         if not targets:
             return
-        self.mps.sync(targets)
+        self.mps_supervisor.sync(targets)
         for record, device, mps in self.checkpoint.mps_daemons():
-            if self.mps.ready(mps.uuid):
+            if self.mps_supervisor.ready(mps.uuid):
                 log.info(
                     "MPS daemon for %s of claim %s/%s answers",
                     device.device,
@@ -514,7 +509,7 @@ class Driver:
 
     def check_mps(self) -> bool:
         """Start daemons that stopped answering again (at most every check interval)."""
-        return self.mps.check()
+        return self.mps_supervisor.check()
 
     # --- unprepare --------------------------------------------------------------------------
 
@@ -552,7 +547,7 @@ class Driver:
         self.cdi.remove(ref.uid)
         self.checkpoint.drop(ref.uid)
         if any(d.mps is not None for d in record.devices):
-            self.mps.sync(self._mps_targets())  # stops daemons no prepared claim needs
+            self.mps_supervisor.sync(self._mps_targets())  # stops daemons no prepared claim needs
         log.info("unprepared claim %s/%s", ref.namespace, ref.name)
         return bool(intents)
 
