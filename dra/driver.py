@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from nodeagent.capacity import memory_slices_of
 from nodeagent.cdi import CdiDevice, CdiWriter, Mps, mig_cap_minors
@@ -46,6 +46,7 @@ LOCK_TIMEOUT_S = 30.0  # how long a prepare waits for another MIG apply (kubelet
 PROC_CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
 _GPU = re.compile(r"^gpu-(\d+)$")
 _MIG = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)-(\d+)$")
+_Answer = TypeVar("_Answer")  # what prepare or unprepare answers for one claim
 
 
 class PrepareError(Exception):
@@ -118,14 +119,15 @@ class Driver:
     on_change: Callable[[], None] = lambda: None
     lock_timeout_s: float = LOCK_TIMEOUT_S
     proc_capabilities: Path = PROC_CAPABILITIES
-    mps: InitVar[MpsSection | None] = None  # the MPS daemons' section (default: in state_dir)
+    # The MPS control daemons' settings (default: under state_dir).
+    mps_section: InitVar[MpsSection | None] = None
     # The kubelet may call concurrently; claims go in turn.
     _serial: threading.Lock = field(default_factory=threading.Lock, init=False)
-    mps_supervisor: MpsSupervisor = field(init=False)
+    mps: MpsSupervisor = field(init=False)
 
-    def __post_init__(self, mps: MpsSection | None) -> None:
-        self.mps_supervisor = MpsSupervisor(
-            mps or MpsSection(root=self.state_dir / "dra" / "mps"),
+    def __post_init__(self, mps_section: MpsSection | None) -> None:
+        self.mps = MpsSupervisor(
+            mps_section or MpsSection(root=self.state_dir / "dra" / "mps"),
             lambda: None,
             consequence="MPS claims on the device fail, or wait, until it answers",
         )
@@ -140,17 +142,32 @@ class Driver:
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
         """Prepare each claim; every claim of ``refs`` is in the answer."""
-        out: dict[str, Outcome] = {}
+
+        def prepare_one(ref: ClaimRef) -> tuple[Outcome, bool]:
+            devices, made = self._prepare(ref)
+            return Outcome(devices), made
+
+        return self._each_claim("prepare", refs, prepare_one, lambda error: Outcome(error=error))
+
+    def _each_claim(
+        self,
+        what: str,
+        refs: Sequence[ClaimRef],
+        step: Callable[[ClaimRef], tuple[_Answer, bool]],
+        failed: Callable[[str], _Answer],
+    ) -> dict[str, _Answer]:
+        """Run ``step`` (answer, changed the node) on each claim in turn, ``failed`` answering a
+        claim whose step raised; ``on_change`` once when any step changed the node."""
+        out: dict[str, _Answer] = {}
         changed = False
         with self._serial:
             for ref in refs:
                 try:
-                    devices, made = self._prepare(ref)
-                    out[ref.uid] = Outcome(devices)
+                    out[ref.uid], made = step(ref)
                     changed |= made
                 except PrepareError as exc:
-                    log.warning("prepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-                    out[ref.uid] = Outcome(error=str(exc))
+                    log.warning("%s of claim %s/%s failed: %s", what, ref.namespace, ref.name, exc)
+                    out[ref.uid] = failed(str(exc))
         if changed:
             self.on_change()
         return out
@@ -421,7 +438,7 @@ class Driver:
             )
         mps = None
         if mps_record is not None:
-            daemon = self.mps_supervisor.daemon(mps_record.uuid)
+            daemon = self.mps.daemon(mps_record.uuid)
             assert daemon is not None  # _start_mps started it
             mps = Mps(
                 daemon.pipe_dir,
@@ -472,17 +489,13 @@ class Driver:
         wanted = [m for m in mps if m is not None]
         if not wanted:
             return
-        self.mps_supervisor.sync(self._mps_targets(wanted))
+        self.mps.sync(self._mps_targets(wanted))
         names = {m.uuid: t.name for t, m in zip(targets, mps, strict=True) if m is not None}
-        failed = [
-            (uuid, self.mps_supervisor.daemon(uuid))
-            for uuid in names
-            if not self.mps_supervisor.ready(uuid)
-        ]
+        failed = [(uuid, self.mps.daemon(uuid)) for uuid in names if not self.mps.ready(uuid)]
         if not failed:
             return
         # No daemon left behind for a claim not prepared.
-        self.mps_supervisor.sync(self._mps_targets())
+        self.mps.sync(self._mps_targets())
         reasons = "; ".join(
             f"{names[uuid]}: {daemon.last_error if daemon else 'not started'}"
             for uuid, daemon in failed
@@ -497,9 +510,9 @@ class Driver:
         targets = self._mps_targets()
         if not targets:
             return
-        self.mps_supervisor.sync(targets)
+        self.mps.sync(targets)
         for record, device, mps in self.checkpoint.mps_daemons():
-            if self.mps_supervisor.ready(mps.uuid):
+            if self.mps.ready(mps.uuid):
                 log.info(
                     "MPS daemon for %s of claim %s/%s answers",
                     device.device,
@@ -509,25 +522,13 @@ class Driver:
 
     def check_mps(self) -> bool:
         """Start daemons that stopped answering again (at most every check interval)."""
-        return self.mps_supervisor.check()
+        return self.mps.check()
 
     # --- unprepare --------------------------------------------------------------------------
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim: claim UID -> error ('' when done)."""
-        out: dict[str, str] = {}
-        changed = False
-        with self._serial:
-            for ref in refs:
-                try:
-                    changed |= self._unprepare(ref)
-                    out[ref.uid] = ""
-                except PrepareError as exc:
-                    log.warning("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-                    out[ref.uid] = str(exc)
-        if changed:
-            self.on_change()
-        return out
+        return self._each_claim("unprepare", refs, lambda ref: ("", self._unprepare(ref)), str)
 
     def _unprepare(self, ref: ClaimRef) -> bool:
         record = self.checkpoint.claims.get(ref.uid)
@@ -547,7 +548,7 @@ class Driver:
         self.cdi.remove(ref.uid)
         self.checkpoint.drop(ref.uid)
         if any(d.mps is not None for d in record.devices):
-            self.mps_supervisor.sync(self._mps_targets())  # stops daemons no prepared claim needs
+            self.mps.sync(self._mps_targets())  # stops daemons no prepared claim needs
         log.info("unprepared claim %s/%s", ref.namespace, ref.name)
         return bool(intents)
 
