@@ -63,6 +63,11 @@ class Flagged:
             if r.name == self.name
         ]
 
+    def reported(self, rig: Rig) -> dict[str, Any]:
+        """The condition once a new reporter (a new agent process) has reported."""
+        self.reporter(rig).report_once()
+        return self.condition()
+
     def reporter(self, rig: Rig) -> Reporter:
         section = KubernetesSection(
             enabled=True, kubeconfig=self.identities.agent.kubeconfig.path, request_timeout_s=2.0
@@ -82,8 +87,7 @@ def test_healthy_node_gets_condition_labels_and_annotations(
     make_rig: MakeRig, flagged: Flagged
 ) -> None:
     rig = make_rig("dgx-h100")
-    flagged.reporter(rig).report_once()
-    cond = flagged.condition()
+    cond = flagged.reported(rig)
     assert (cond["status"], cond["reason"]) == ("True", "GPUsHealthy")
     node = flagged.node()
     # A strategic merge by type: the kubelet's Ready condition is still there beside ours (the
@@ -141,11 +145,9 @@ def test_unchanged_condition_keeps_its_transition_time_across_a_restart(
     make_rig: MakeRig, flagged: Flagged
 ) -> None:
     rig = make_rig("dgx-h100")
-    flagged.reporter(rig).report_once()
-    first = flagged.condition()
+    first = flagged.reported(rig)
     time.sleep(1.1)  # Kubernetes times have one-second resolution
-    flagged.reporter(rig).report_once()  # a new agent process: it reads the node first
-    again = flagged.condition()
+    again = flagged.reported(rig)  # a new agent process: it reads the node first
     assert again["lastTransitionTime"] == first["lastTransitionTime"]
 
 
