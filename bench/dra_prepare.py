@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mig_churn import GPUS, Event, trace
+from mig_churn import GPUS, Event, Occupancy, trace
 from mig_common import geometries
 
 from nodeagent.agent.backend import open_node
@@ -93,15 +93,13 @@ def churn(
 ) -> tuple[float, float]:
     """(share rejected, mean fragmentation) of one trace under ``policy``."""
     rng = random.Random(seed)
-    node: list[list[MigSlot]] = [[] for _ in range(GPUS)]
-    where: dict[int, tuple[int, MigSlot]] = {}
+    occupancy = Occupancy()
+    node = occupancy.node
     rejected = asked = 0
     frag: list[float] = []
     for e in events:
         if e.kind == "leave":
-            if e.job in where:
-                g, inst = where.pop(e.job)
-                node[g].remove(inst)
+            occupancy.leave(e.job)
             continue
         asked += 1
         order = list(range(GPUS))
@@ -115,9 +113,7 @@ def churn(
         if spot is None:
             rejected += 1
         else:
-            inst = MigSlot(e.profile, spot[1])
-            node[spot[0]].append(inst)
-            where[e.job] = (spot[0], inst)
+            occupancy.place(e.job, spot[0], MigSlot(e.profile, spot[1]))
         frag.append(statistics.fmean(fragmentation_ratio(geometry, g) for g in node))
     return rejected / max(asked, 1), statistics.fmean(frag)
 

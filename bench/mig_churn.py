@@ -42,7 +42,7 @@ import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
@@ -191,6 +191,24 @@ def trace(geometry: MigGeometry, load: float, events: int, seed: int) -> list[Ev
 
 
 @dataclass
+class Occupancy:
+    """The instances on a node of ``GPUS`` GPUs, and which GPU and instance each job holds."""
+
+    node: list[Gpu] = field(default_factory=lambda: [[] for _ in range(GPUS)])
+    where: dict[int, tuple[int, MigSlot]] = field(default_factory=dict)
+
+    def place(self, job: int, gpu: int, inst: MigSlot) -> None:
+        self.node[gpu].append(inst)
+        self.where[job] = (gpu, inst)
+
+    def leave(self, job: int) -> None:
+        """Free the job's instance; a job that was rejected holds none."""
+        if job in self.where:
+            g, inst = self.where.pop(job)
+            self.node[g].remove(inst)
+
+
+@dataclass
 class Outcome:
     in_place_share: float  # served in place / served
     disturbed: int  # running instances moved by reconfigurations
@@ -200,21 +218,17 @@ class Outcome:
 
 
 def run(geometry: MigGeometry, events: list[Event], policy: str) -> Outcome:
-    node: list[Gpu] = [[] for _ in range(GPUS)]
-    where: dict[int, tuple[int, MigSlot]] = {}
+    occupancy = Occupancy()
+    node, where = occupancy.node, occupancy.where
     in_place = reconfigured = rejected = disturbed = 0
     frag: list[float] = []
     for e in events:
         if e.kind == "leave":
-            if e.job in where:
-                g, inst = where.pop(e.job)
-                node[g].remove(inst)
+            occupancy.leave(e.job)
             continue
         spot = RULES[policy](geometry, node, e.profile)
         if spot is not None:
-            inst = MigSlot(e.profile, spot[1])
-            node[spot[0]].append(inst)
-            where[e.job] = (spot[0], inst)
+            occupancy.place(e.job, spot[0], MigSlot(e.profile, spot[1]))
             in_place += 1
         else:
             change = _reconfigure(geometry, node, e.profile, policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.config.schema import AgentConfig
@@ -33,25 +34,19 @@ def device_layout(snapshot: NodeSnapshot) -> tuple[object, ...]:
     )
 
 
+@dataclass(eq=False)
 class DevicePluginComponent:
     """Serves the kubelet device plugin API; re-serves on config or MIG layout change."""
 
     name = NAME
 
-    def __init__(
-        self,
-        config: AgentConfig,
-        directory: Path,
-        snapshots: SnapshotFeed,
-        health: HealthSource | None,
-    ) -> None:
-        self.config = config
-        self.directory = directory
-        self.snapshots = snapshots
-        self.health = health
-        self.manager: PluginManager | None = None
-        self._pending_config: AgentConfig | None = None
-        self._lock = threading.Lock()
+    config: AgentConfig
+    directory: Path
+    snapshots: SnapshotFeed
+    health: HealthSource | None
+    manager: PluginManager | None = field(default=None, init=False)
+    _pending_config: AgentConfig | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @property
     def ready(self) -> bool:

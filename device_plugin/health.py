@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ Clock = Callable[[], float]
 STATE_VERSION = 1
 
 
+@dataclass(eq=False)
 class HealthTracker:
     """Which UUIDs (GPU or MIG) are unhealthy, with recovery after a quiet period.
 
@@ -38,25 +40,18 @@ class HealthTracker:
     across restarts (``clock`` paces the quiet period, ``wall`` dates it in the file).
     """
 
-    def __init__(
-        self,
-        quiet_s: float,
-        on_change: Callable[[], None],
-        clock: Clock = time.monotonic,
-        *,
-        state_file: Path | None = None,
-        wall: Clock = time.time,
-    ) -> None:
-        self.quiet_s = quiet_s
-        self._on_change = on_change
-        self._clock = clock
-        self._wall = wall
-        self.state_file = state_file
-        self._lock = threading.Lock()
-        self._bad: dict[str, str] = {}  # uuid -> reason, while unschedulable or quiet
-        self._clear_since: dict[str, float] = {}  # uuid -> when its fault cleared
-        self._where: dict[str, str] = {}  # uuid -> "GPU n" for the log
-        self._unsubscribe: Callable[[], None] | None = None
+    quiet_s: float
+    on_change: Callable[[], None]
+    clock: Clock = time.monotonic
+    _: KW_ONLY
+    state_file: Path | None = None
+    wall: Clock = time.time
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # uuid -> reason, while unschedulable or quiet
+    _bad: dict[str, str] = field(default_factory=dict, init=False)
+    _clear_since: dict[str, float] = field(default_factory=dict, init=False)  # uuid -> cleared at
+    _where: dict[str, str] = field(default_factory=dict, init=False)  # uuid -> "GPU n" for the log
+    _unsubscribe: Callable[[], None] | None = field(default=None, init=False)
 
     def attach(self, source: HealthSource | None) -> None:
         """Take the source's current health and the saved quiet periods, then follow it."""
@@ -72,11 +67,11 @@ class HealthTracker:
             elif uuid in saved:
                 self._resume_quiet(uuid, saved[uuid])
         self._save()
-        self._on_change()
+        self.on_change()
 
     def _resume_quiet(self, uuid: str, cleared_at: float | None) -> None:
         """A device withheld before the restart, schedulable now: the rest of its quiet period."""
-        now, wall = self._clock(), self._wall()
+        now, wall = self.clock(), self.wall()
         # Withheld while still faulty at shutdown: its fault cleared at some point since, so
         # the whole quiet period starts now.
         clear_since = now if cleared_at is None else now - max(0.0, wall - cleared_at)
@@ -103,7 +98,7 @@ class HealthTracker:
         current = transition.current
         self._where[current.uuid] = f"GPU {current.gpu_index}"
         if self.set_state(current.uuid, current.state, current.reasons):
-            self._on_change()
+            self.on_change()
 
     def set_state(
         self,
@@ -117,7 +112,7 @@ class HealthTracker:
 
         A device that is schedulable when first seen (``initial``) needs no quiet period.
         """
-        now = self._clock()
+        now = self.clock()
         where = f"{self._where.get(uuid, 'GPU ?')} ({uuid})"
         with self._lock:
             was_bad = uuid in self._bad
@@ -151,7 +146,7 @@ class HealthTracker:
 
     def poll(self) -> bool:
         """Let devices whose quiet period has passed recover; returns whether any did."""
-        now = self._clock()
+        now = self.clock()
         recovered = []
         with self._lock:
             for uuid, since in list(self._clear_since.items()):
@@ -168,7 +163,7 @@ class HealthTracker:
             )
         if recovered:
             self._save()
-            self._on_change()
+            self.on_change()
         return bool(recovered)
 
     def reason(self, *uuids: str) -> str | None:
@@ -184,7 +179,7 @@ class HealthTracker:
     def _save(self) -> None:
         if self.state_file is None:
             return
-        now, wall = self._clock(), self._wall()
+        now, wall = self.clock(), self.wall()
         with self._lock:
             cleared = {u: wall - (now - since) for u, since in self._clear_since.items()}
             withheld = {u: {"cleared_at_s": cleared.get(u)} for u in sorted(self._bad)}

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nodeagent.atomicfile import write_json_atomic
 
@@ -22,11 +23,25 @@ log = logging.getLogger(__name__)
 
 FILE = "checkpoint.json"
 VERSION = 1
+_T = TypeVar("_T")
 
 
 def checkpoint_path(state_dir: Path) -> Path:
     """Where the checkpoint of the agent with ``state_dir`` lives."""
     return state_dir / "dra" / FILE
+
+
+def _plain_json(record: MigIntent | MpsRecord) -> dict[str, Any]:
+    """A record of plain values as JSON: each field under its name, ``gpu_index`` as "gpu"."""
+    return {
+        ("gpu" if f.name == "gpu_index" else f.name): getattr(record, f.name)
+        for f in fields(record)
+    }
+
+
+def _optional(convert: Callable[[Any], _T], value: Any) -> _T | None:
+    """``value`` read back with ``convert``; None stays None."""
+    return None if value is None else convert(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +56,7 @@ class MigIntent:
     uuid: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "gpu": self.gpu_index,
-            "profile": self.profile,
-            "start": self.start,
-            "size": self.size,
-            "instance_id": self.instance_id,
-            "uuid": self.uuid,
-        }
+        return _plain_json(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MigIntent:
@@ -57,8 +65,8 @@ class MigIntent:
             str(d["profile"]),
             int(d["start"]),
             int(d["size"]),
-            None if d.get("instance_id") is None else int(d["instance_id"]),
-            None if d.get("uuid") is None else str(d["uuid"]),
+            _optional(int, d.get("instance_id")),
+            _optional(str, d.get("uuid")),
         )
 
 
@@ -72,21 +80,15 @@ class MpsRecord:
     pinned_memory_limit_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "uuid": self.uuid,
-            "gpu": self.gpu_index,
-            "active_thread_percentage": self.active_thread_percentage,
-            "pinned_memory_limit_mib": self.pinned_memory_limit_mib,
-        }
+        return _plain_json(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MpsRecord:
-        pct, mem = d.get("active_thread_percentage"), d.get("pinned_memory_limit_mib")
         return cls(
             str(d["uuid"]),
             int(d["gpu"]),
-            None if pct is None else int(pct),
-            None if mem is None else int(mem),
+            _optional(int, d.get("active_thread_percentage")),
+            _optional(int, d.get("pinned_memory_limit_mib")),
         )
 
 
@@ -121,7 +123,7 @@ class PreparedDevice:
             str(d["device"]),
             tuple(str(c) for c in d.get("cdi_ids", [])),
             MigIntent.from_json(d["mig"]) if d.get("mig") else None,
-            None if d.get("share_id") is None else str(d["share_id"]),
+            _optional(str, d.get("share_id")),
             MpsRecord.from_json(d["mps"]) if d.get("mps") else None,
         )
 

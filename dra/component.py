@@ -102,7 +102,9 @@ class DraComponent:
             state_dir=config.state_dir,
             on_change=self.wake.set,
             proc_capabilities=proc_capabilities or PROC_CAPABILITIES,
-            mps=config.device_plugin.mps.model_copy(update={"root": section.mps_root.absolute()}),
+            mps_section=config.device_plugin.mps.model_copy(
+                update={"root": section.mps_root.absolute()}
+            ),
         )
         self.server = PluginServer(
             self.driver,

@@ -24,9 +24,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, InitVar, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from nodeagent.capacity import memory_slices_of
 from nodeagent.cdi import CdiDevice, CdiWriter, Mps, mig_cap_minors
@@ -46,6 +46,7 @@ LOCK_TIMEOUT_S = 30.0  # how long a prepare waits for another MIG apply (kubelet
 PROC_CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
 _GPU = re.compile(r"^gpu-(\d+)$")
 _MIG = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)-(\d+)$")
+_Answer = TypeVar("_Answer")  # what prepare or unprepare answers for one claim
 
 
 class PrepareError(Exception):
@@ -101,41 +102,32 @@ def _needs_instance(t: _Target, mine: set[tuple[int, str, int]]) -> bool:
     return t.profile is not None and (t.existing is None or _key(t) in mine)
 
 
+@dataclass(eq=False)
 class Driver:
     """The claims of one DRA driver on one node."""
 
-    def __init__(
-        self,
-        node: MigDevices,
-        claims: ClaimSource,
-        checkpoint: Checkpoint,
-        cdi: CdiWriter,
-        mig_lock: ProcessLock,
-        *,
-        driver_name: str,
-        pool_name: str,
-        dynamic_mig: bool,
-        state_dir: Path,
-        on_change: Callable[[], None] = lambda: None,
-        lock_timeout_s: float = LOCK_TIMEOUT_S,
-        proc_capabilities: Path = PROC_CAPABILITIES,
-        mps: MpsSection | None = None,
-    ) -> None:
-        self.node = node
-        self.claims = claims
-        self.checkpoint = checkpoint
-        self.cdi = cdi
-        self.mig_lock = mig_lock
-        self.driver_name = driver_name
-        self.pool_name = pool_name
-        self.dynamic_mig = dynamic_mig
-        self.state_dir = state_dir
-        self.on_change = on_change
-        self.lock_timeout_s = lock_timeout_s
-        self.proc_capabilities = proc_capabilities
-        self._serial = threading.Lock()  # the kubelet may call concurrently; claims go in turn
+    node: MigDevices
+    claims: ClaimSource
+    checkpoint: Checkpoint
+    cdi: CdiWriter
+    mig_lock: ProcessLock
+    _: KW_ONLY
+    driver_name: str
+    pool_name: str
+    dynamic_mig: bool
+    state_dir: Path
+    on_change: Callable[[], None] = lambda: None
+    lock_timeout_s: float = LOCK_TIMEOUT_S
+    proc_capabilities: Path = PROC_CAPABILITIES
+    # The MPS control daemons' settings (default: under state_dir).
+    mps_section: InitVar[MpsSection | None] = None
+    # The kubelet may call concurrently; claims go in turn.
+    _serial: threading.Lock = field(default_factory=threading.Lock, init=False)
+    mps: MpsSupervisor = field(init=False)
+
+    def __post_init__(self, mps_section: MpsSection | None) -> None:
         self.mps = MpsSupervisor(
-            mps or MpsSection(root=state_dir / "dra" / "mps"),
+            mps_section or MpsSection(root=self.state_dir / "dra" / "mps"),
             lambda: None,
             consequence="MPS claims on the device fail, or wait, until it answers",
         )
@@ -150,17 +142,32 @@ class Driver:
 
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
         """Prepare each claim; every claim of ``refs`` is in the answer."""
-        out: dict[str, Outcome] = {}
+
+        def prepare_one(ref: ClaimRef) -> tuple[Outcome, bool]:
+            devices, made = self._prepare(ref)
+            return Outcome(devices), made
+
+        return self._each_claim("prepare", refs, prepare_one, lambda error: Outcome(error=error))
+
+    def _each_claim(
+        self,
+        what: str,
+        refs: Sequence[ClaimRef],
+        step: Callable[[ClaimRef], tuple[_Answer, bool]],
+        failed: Callable[[str], _Answer],
+    ) -> dict[str, _Answer]:
+        """Run ``step`` (answer, changed the node) on each claim in turn, ``failed`` answering a
+        claim whose step raised; ``on_change`` once when any step changed the node."""
+        out: dict[str, _Answer] = {}
         changed = False
         with self._serial:
             for ref in refs:
                 try:
-                    devices, made = self._prepare(ref)
-                    out[ref.uid] = Outcome(devices)
+                    out[ref.uid], made = step(ref)
                     changed |= made
                 except PrepareError as exc:
-                    log.warning("prepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-                    out[ref.uid] = Outcome(error=str(exc))
+                    log.warning("%s of claim %s/%s failed: %s", what, ref.namespace, ref.name, exc)
+                    out[ref.uid] = failed(str(exc))
         if changed:
             self.on_change()
         return out
@@ -487,7 +494,8 @@ class Driver:
         failed = [(uuid, self.mps.daemon(uuid)) for uuid in names if not self.mps.ready(uuid)]
         if not failed:
             return
-        self.mps.sync(self._mps_targets())  # no daemon left behind for a claim not prepared
+        # No daemon left behind for a claim not prepared.
+        self.mps.sync(self._mps_targets())
         reasons = "; ".join(
             f"{names[uuid]}: {daemon.last_error if daemon else 'not started'}"
             for uuid, daemon in failed
@@ -520,19 +528,7 @@ class Driver:
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Unprepare each claim: claim UID -> error ('' when done)."""
-        out: dict[str, str] = {}
-        changed = False
-        with self._serial:
-            for ref in refs:
-                try:
-                    changed |= self._unprepare(ref)
-                    out[ref.uid] = ""
-                except PrepareError as exc:
-                    log.warning("unprepare of claim %s/%s failed: %s", ref.namespace, ref.name, exc)
-                    out[ref.uid] = str(exc)
-        if changed:
-            self.on_change()
-        return out
+        return self._each_claim("unprepare", refs, lambda ref: ("", self._unprepare(ref)), str)
 
     def _unprepare(self, ref: ClaimRef) -> bool:
         record = self.checkpoint.claims.get(ref.uid)

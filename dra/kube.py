@@ -16,7 +16,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from nodeagent.kube.node import KubeUnavailableError
+from nodeagent.kube.node import KubeUnavailableError, api_errors
 from nodeagent_dra.driver import PrepareError
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,8 @@ class SlicePublisher:
         self.writes = 0  # API writes sent (tests count them: unchanged slices send none)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with api_errors(f"to {what}"):
             return fn(*args, _request_timeout=self.timeout_s, **kwargs)
-        except ApiException as exc:
-            raise KubeUnavailableError(
-                f"API server answered {exc.status} {exc.reason} to {what}: {(exc.body or '')[:300]}"
-            ) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeUnavailableError(f"API server unreachable ({what}): {exc}") from exc
 
     def current(self) -> list[dict[str, Any]]:
         """This node's slices of the driver, as stored."""

@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from nodeagent.config.metrics import ProbeSection
 from nodeagent.workloads import Device
@@ -35,22 +35,17 @@ class ProbeResult:
     detail: str  # exit status or timeout, and the output's tail
 
 
+@dataclass(eq=False)
 class ProbeRunner:
     """Runs the probe on the devices ``targets()`` names, every ``interval_s``."""
 
-    def __init__(
-        self,
-        section: ProbeSection,
-        targets: Callable[[], Sequence[Device]],
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.section = section
-        self.targets = targets
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._results: dict[Device, ProbeResult] = {}
-        self._failures: dict[Device, int] = {}
+    section: ProbeSection
+    targets: Callable[[], Sequence[Device]]
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _results: dict[Device, ProbeResult] = field(default_factory=dict, init=False)
+    _failures: dict[Device, int] = field(default_factory=dict, init=False)
 
     def results(self) -> Mapping[Device, ProbeResult]:
         """The last result per device."""
@@ -86,7 +81,7 @@ class ProbeRunner:
             tail = (done.stdout + done.stderr)[-OUTPUT_TAIL_BYTES:].decode(errors="replace")
             ok, detail = done.returncode == 0, f"exit {done.returncode}: {tail.strip()}"
         duration = time.perf_counter() - started
-        result = ProbeResult(device, ok, duration, self._clock(), detail)
+        result = ProbeResult(device, ok, duration, self.clock(), detail)
         with self._lock:
             self._results[device] = result
             if not ok:

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.capacity import creatable, fragmentation_ratio
@@ -604,17 +604,23 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
         r.errors.append(f"{exc} (rolled back: {undo})")
 
 
+class ExecuteOptions(TypedDict, total=False):
+    """The switches of :func:`execute` and :func:`reconcile`; each is off when left out."""
+
+    force: bool  # destroy busy instances
+    allow_reset: bool  # reset a GPU whose MIG mode change waits for one
+    partial: bool  # apply the other GPUs while one is blocked
+    hooks: HooksFile | None
+    on_step: StepHook | None
+
+
 def execute(
     node: MigDevices,
     prepared: Prepared,
     cfg: MigConfigFile,
     *,
     state_dir: Path,
-    force: bool = False,
-    allow_reset: bool = False,
-    partial: bool = False,
-    hooks: HooksFile | None = None,
-    on_step: StepHook | None = None,
+    **options: Unpack[ExecuteOptions],
 ) -> ApplyReport:
     """Carry out a prepared apply. See the module docstring for the order and the guarantees.
 
@@ -634,7 +640,7 @@ def execute(
         r.errors.append(w.error or "")
         r.blocked = bool(w.blocking)
     try:
-        if blocked and not partial:
+        if blocked and not options.get("partial", False):
             where = ", ".join(f"GPU {w.index}" for w in blocked)
             for w in prepared.work:
                 if w.error is None:
@@ -645,7 +651,7 @@ def execute(
                 "the pool allows a partial apply (mig_partial_apply)"
             )
             return report
-        _execute(node, prepared, cfg, report, state_dir, force, allow_reset, hooks, on_step)
+        _execute(node, prepared, cfg, report, state_dir, options)
         return report
     finally:
         for index, why in sorted(prepared.lost.items()):
@@ -659,11 +665,11 @@ def _execute(
     cfg: MigConfigFile,
     report: ApplyReport,
     state_dir: Path,
-    force: bool,
-    allow_reset: bool,
-    hooks: HooksFile | None,
-    on_step: StepHook | None,
+    options: ExecuteOptions,
 ) -> None:
+    force = options.get("force", False)
+    allow_reset = options.get("allow_reset", False)
+    hooks = options.get("hooks")
     reports = {r.index: r for r in report.gpus}
     work = [w for w in prepared.work if w.error is None]
     for w in prepared.work:
@@ -691,7 +697,7 @@ def _execute(
         "MIG_PARTED_CONFIG_FILE": cfg.path,
         "MIG_PARTED_SELECTED_CONFIG": prepared.config,
     }
-    step = _Steps(on_step)
+    step = _Steps(options.get("on_step"))
     try:
         failure = _run_hooks(hooks, "apply-start", env)
         modes = [w for w in todo if w.mode_change or w.pending != w.target.mig_enabled]
@@ -745,11 +751,7 @@ def reconcile(
     name: str,
     *,
     state_dir: Path,
-    force: bool = False,
-    allow_reset: bool = False,
-    partial: bool = False,
-    hooks: HooksFile | None = None,
-    on_step: StepHook | None = None,
+    **options: Unpack[ExecuteOptions],
 ) -> ApplyReport:
     """Make the node hold layout ``name`` of ``cfg``: the one entry point the agent calls.
 
@@ -760,18 +762,8 @@ def reconcile(
     Raises:
         ConfigError: the layout is invalid for this node; nothing was changed.
     """
-    prepared = prepare(node, cfg, name, force=force)
-    return execute(
-        node,
-        prepared,
-        cfg,
-        state_dir=state_dir,
-        force=force,
-        allow_reset=allow_reset,
-        partial=partial,
-        hooks=hooks,
-        on_step=on_step,
-    )
+    prepared = prepare(node, cfg, name, force=options.get("force", False))
+    return execute(node, prepared, cfg, state_dir=state_dir, **options)
 
 
 def dry_run(prepared: Prepared) -> ApplyReport:

@@ -7,6 +7,8 @@ simulator state.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +25,15 @@ pytest_plugins = ["nodeagent.testing.kube.pytest_plugin"]
 def _isolated_gpu_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("NODEAGENT_SIMULATE", raising=False)
     monkeypatch.setenv("NODEAGENT_SIM_STATE", str(tmp_path / "default-sim-state"))
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for unix sockets: their paths are limited to 107 bytes, and pytest's
+    tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="na-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from nodeagent.config.policy import Sharing, SharingMode
 from nodeagent.config.schema import AgentConfig
@@ -38,29 +38,22 @@ class SharingAction:
     dry_run: bool
 
 
+@dataclass(eq=False)
 class SharingActions:
     """Watches the shared GPUs of each render and applies the pool's sharing actions."""
 
     name = "sharing-actions"
 
-    def __init__(
-        self,
-        config: AgentConfig,
-        snapshots: SnapshotFeed,
-        shared: Callable[[], Sequence[SharedDevice]],
-        plugin: Reloadable | None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.snapshots = snapshots
-        self.shared = shared
-        self.plugin = plugin
-        self._clock = clock
-        self._noisy_since: dict[str, float] = {}
-        self._overrides: dict[str, Sharing] = {}
-        self._acted: set[str] = set()
-        self.log: list[SharingAction] = []
+    config: AgentConfig
+    snapshots: SnapshotFeed
+    shared: Callable[[], Sequence[SharedDevice]]
+    plugin: Reloadable | None
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    _noisy_since: dict[str, float] = field(default_factory=dict, init=False)
+    _overrides: dict[str, Sharing] = field(default_factory=dict, init=False)
+    _acted: set[str] = field(default_factory=set, init=False)
+    log: list[SharingAction] = field(default_factory=list, init=False)
 
     @property
     def ready(self) -> bool:
@@ -79,7 +72,7 @@ class SharingActions:
         policy = self.config.pool.sharing_actions
         if not policy.enabled:
             return []
-        now = self._clock()
+        now = self.clock()
         noisy_now: set[str] = set()
         decided: list[SharingAction] = []
         for d in self.shared():

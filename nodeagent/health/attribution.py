@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from nodeagent.gpu.types import EventKind, GpuEvent
 from nodeagent.health.xids import CATALOG, XidCategory
@@ -42,24 +42,21 @@ class XidHit:
     shared_with: int  # other workloads on the device at the time
 
 
+@dataclass(eq=False)
 class XidAttributor:
     """Counts application XIDs per workload and records Events on the pods."""
 
-    def __init__(
-        self,
-        processes: Callable[[], Sequence[AttributedProcess]],
-        recorder: EventRecorder | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._processes = processes
-        self.recorder = recorder
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._counts: dict[tuple[Device, Workload, int], int] = {}
-        self._last_event: dict[tuple[str, str, int], float] = {}
-        self._queue: queue.Queue[XidHit] = queue.Queue(QUEUE_LIMIT)
-        self.unattributed = 0  # application XIDs with no named pod on the device
+    processes: Callable[[], Sequence[AttributedProcess]]
+    recorder: EventRecorder | None = None
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _counts: dict[tuple[Device, Workload, int], int] = field(default_factory=dict, init=False)
+    _last_event: dict[tuple[str, str, int], float] = field(default_factory=dict, init=False)
+    _queue: queue.Queue[XidHit] = field(
+        default_factory=lambda: queue.Queue(QUEUE_LIMIT), init=False
+    )
+    unattributed: int = field(default=0, init=False)  # application XIDs with no named pod
 
     def counts(self) -> Mapping[tuple[Device, Workload, int], int]:
         """Application XIDs by (device, workload, code) since the agent started."""
@@ -75,7 +72,7 @@ class XidAttributor:
             return []
         on_device = [
             p
-            for p in self._processes()
+            for p in self.processes()
             if p.device.gpu_index == event.gpu_index
             and (event.gpu_instance_id is None or p.device.mig_instance == event.gpu_instance_id)
         ]
@@ -93,7 +90,7 @@ class XidAttributor:
             )
             return []
         hits = [XidHit(d, w, event.data, len(workloads) - 1) for w, d in workloads.items()]
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             for hit in hits:
                 bare = Workload(hit.workload.namespace, hit.workload.pod, hit.workload.container)

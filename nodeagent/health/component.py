@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from nodeagent.config.kubernetes import KubernetesSection
@@ -41,6 +42,7 @@ class Resettable(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class HealthComponent:
     """Runs the event thread and the reporter; snapshot checks run on the sampler's thread.
 
@@ -50,23 +52,14 @@ class HealthComponent:
 
     name = "health"
 
-    def __init__(
-        self,
-        model: HealthModel,
-        events: EventSource,
-        snapshots: SnapshotFeed,
-        reporter: Reporter,
-        xids: XidAttributor | None = None,
-        validator: GpuValidator | None = None,
-    ) -> None:
-        self.model = model
-        self.xids = xids
-        self.validator = validator
-        self.events = events
-        self.snapshots = snapshots
-        self.reporter = reporter
-        self._ready = threading.Event()
-        self._event_error: BaseException | None = None
+    model: HealthModel
+    events: EventSource
+    snapshots: SnapshotFeed
+    reporter: Reporter
+    xids: XidAttributor | None = None
+    validator: GpuValidator | None = None
+    _ready: threading.Event = field(default_factory=threading.Event, init=False)
+    _event_error: BaseException | None = field(default=None, init=False)
 
     @property
     def ready(self) -> bool:

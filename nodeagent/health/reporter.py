@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from nodeagent import labels as lbl
@@ -73,34 +74,28 @@ def desired_flags(
     )
 
 
+@dataclass(eq=False)
 class Reporter:
     """Writes the state file and history, and patches the node when it runs in Kubernetes."""
 
-    def __init__(
-        self,
-        model: HealthModel,
-        state_dir: Path,
-        node_name: str,
-        *,
-        patcher: NodePatcher | None = None,
-        retry_initial_s: float = 0.5,
-        retry_max_s: float = 30.0,
-        extra_labels: Callable[[], Mapping[str, str]] | None = None,
-        extra_annotations: Callable[[], Mapping[str, str]] | None = None,
-    ) -> None:
-        self.model = model
-        self.state_dir = state_dir
-        self.node_name = node_name
-        self.patcher = patcher
-        self.retry_max_s = retry_max_s
-        self._backoff = Backoff(retry_initial_s, retry_max_s)
-        self.extra_labels = extra_labels
-        self.extra_annotations = extra_annotations
-        self.wake = threading.Event()
-        self._retry_at = 0.0
-        self._last_error: str | None = None
-        self._last_status: tuple[object, ...] | None = None
-        self._last_written = 0.0
+    model: HealthModel
+    state_dir: Path
+    node_name: str
+    _: KW_ONLY
+    patcher: NodePatcher | None = None
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 30.0
+    extra_labels: Callable[[], Mapping[str, str]] | None = None
+    extra_annotations: Callable[[], Mapping[str, str]] | None = None
+    wake: threading.Event = field(default_factory=threading.Event, init=False)
+    _backoff: Backoff = field(init=False)
+    _retry_at: float = field(default=0.0, init=False)
+    _last_error: str | None = field(default=None, init=False)
+    _last_status: tuple[object, ...] | None = field(default=None, init=False)
+    _last_written: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self._backoff = Backoff(self.retry_initial_s, self.retry_max_s)
 
     @property
     def failures(self) -> int:

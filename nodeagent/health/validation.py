@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.errors import GpuError
@@ -52,30 +52,23 @@ class StepResult:
     finished_s: float
 
 
+@dataclass(eq=False)
 class GpuValidator:
     """Runs the remediation steps of the GPUs the model holds for validation."""
 
-    def __init__(
-        self,
-        model: HealthModel,
-        policy: Callable[[], RemediationPolicy],
-        *,
-        reset: Callable[[int], None],
-        processes: Callable[[int], int],
-        recorder: EventRecorder | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.model = model
-        self.policy = policy
-        self._reset = reset
-        self._processes = processes
-        self.recorder = recorder
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._resets: deque[float] = deque()
-        self._retry_at: dict[str, float] = {}
-        self._counts: dict[tuple[int, str, str, str], int] = {}
-        self.last: dict[str, StepResult] = {}  # last validate step per GPU UUID
+    model: HealthModel
+    policy: Callable[[], RemediationPolicy]
+    _: KW_ONLY
+    reset: Callable[[int], None]
+    processes: Callable[[int], int]  # how many processes run on a GPU
+    recorder: EventRecorder | None = None
+    clock: Callable[[], float] = time.time
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _resets: deque[float] = field(default_factory=deque, init=False)
+    _retry_at: dict[str, float] = field(default_factory=dict, init=False)
+    _counts: dict[tuple[int, str, str, str], int] = field(default_factory=dict, init=False)
+    # The last validate step per GPU UUID.
+    last: dict[str, StepResult] = field(default_factory=dict, init=False)
 
     def counts(self) -> Mapping[tuple[int, str, str, str], int]:
         """Steps by (GPU index, UUID, step, result) since the agent started."""
@@ -111,7 +104,7 @@ class GpuValidator:
                 log.warning("could not record the remediation Event: %s", exc)
 
     def _step_reset(self, index: int, uuid: str, policy: RemediationPolicy) -> StepResult:
-        now = self._clock()
+        now = self.clock()
         while self._resets and now - self._resets[0] >= policy.reset_period_s:
             self._resets.popleft()
         why = None
@@ -121,16 +114,16 @@ class GpuValidator:
             why = (
                 f"{len(self._resets)} reset(s) in the last {policy.reset_period_s:g}s: cap reached"
             )
-        elif (running := self._processes(index)) > 0:
+        elif (running := self.processes(index)) > 0:
             why = f"{running} process(es) run on it"
         if why is not None:
             return StepResult(index, uuid, "reset", "skipped", why, now)
         self._resets.append(now)
         try:
-            self._reset(index)
+            self.reset(index)
         except GpuError as exc:
-            return StepResult(index, uuid, "reset", "failed", str(exc), self._clock())
-        return StepResult(index, uuid, "reset", "passed", "", self._clock())
+            return StepResult(index, uuid, "reset", "failed", str(exc), self.clock())
+        return StepResult(index, uuid, "reset", "passed", "", self.clock())
 
     def _step_validate(self, index: int, uuid: str, policy: RemediationPolicy) -> StepResult:
         if not policy.validate_command:
@@ -146,20 +139,20 @@ class GpuValidator:
             )
         except subprocess.TimeoutExpired:
             detail = f"timed out after {policy.validate_timeout_s:g}s"
-            return StepResult(index, uuid, "validate", "failed", detail, self._clock())
+            return StepResult(index, uuid, "validate", "failed", detail, self.clock())
         except OSError as exc:
             return StepResult(index, uuid, "validate", "failed", f"could not start: {exc}", 0.0)
         tail = (done.stdout + done.stderr)[-OUTPUT_TAIL_BYTES:].decode(errors="replace").strip()
         result = "passed" if done.returncode == 0 else "failed"
         detail = f"exit {done.returncode}" + (f": {tail}" if tail else "")
-        return StepResult(index, uuid, "validate", result, detail, self._clock())
+        return StepResult(index, uuid, "validate", result, detail, self.clock())
 
     def run_once(self) -> list[StepResult]:
         """Run the steps of every held GPU that is due; returns the steps run."""
         policy = self.policy()
         out: list[StepResult] = []
         for index, uuid, _ in self.model.pending_validation():
-            if self._clock() < self._retry_at.get(uuid, float("-inf")):
+            if self.clock() < self._retry_at.get(uuid, float("-inf")):
                 continue
             failed: StepResult | None = None
             for step in policy.steps:
@@ -175,7 +168,7 @@ class GpuValidator:
                 self.model.finish_validation(uuid, True, "")
                 log.info("GPU %d (%s): remediation steps passed; it serves again", index, uuid)
             else:
-                self._retry_at[uuid] = self._clock() + policy.retry_s
+                self._retry_at[uuid] = self.clock() + policy.retry_s
                 self.model.finish_validation(uuid, False, f"{failed.step}: {failed.detail}")
         return out
 

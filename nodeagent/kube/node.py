@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,24 @@ _MAX_MESSAGE = 1024  # keep the condition message readable in `kubectl describe 
 
 class KubeUnavailableError(Exception):
     """The API server could not be reached or refused the request (retry later)."""
+
+
+@contextmanager
+def api_errors(what: str) -> Iterator[None]:
+    """Raise the kubernetes client's failures of a request as :class:`KubeUnavailableError`.
+
+    ``what`` completes "API server answered 403 Forbidden ..." (e.g. "for node gpu-1"); the
+    start of the answer's body, where there is one, says why.
+    """
+    try:
+        yield
+    except ApiException as exc:
+        body = f": {exc.body[:300]}" if exc.body else ""
+        raise KubeUnavailableError(
+            f"API server answered {exc.status} {exc.reason} {what}{body}"
+        ) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise KubeUnavailableError(f"API server unreachable {what}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +92,8 @@ class NodePatcher:
         """
         if flags == self.applied:
             return False
-        try:
+        with api_errors(f"for node {self.node_name}"):
             self._apply(flags)
-        except ApiException as exc:
-            raise KubeUnavailableError(
-                f"API server answered {exc.status} {exc.reason} for node {self.node_name}"
-            ) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeUnavailableError(f"API server unreachable: {exc}") from exc
         self.applied = flags
         return True
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import urllib3
@@ -50,19 +51,18 @@ def index_from(pods: Iterable[Any]) -> PodIndex:
     return PodIndex(by_uid, containers)
 
 
+@dataclass(eq=False)
 class PodIndexPoller:
     """Lists this node's pods every ``interval_s``; ``latest`` is the last good index."""
 
-    def __init__(
-        self, api: Any, node_name: str, interval_s: float, *, request_timeout_s: float = 5.0
-    ) -> None:
-        self.api = api
-        self.node_name = node_name
-        self.interval_s = interval_s
-        self.request_timeout_s = request_timeout_s
-        self.latest: PodIndex | None = None
-        self.polls = 0
-        self._failing = False
+    api: Any
+    node_name: str
+    interval_s: float
+    _: KW_ONLY
+    request_timeout_s: float = 5.0
+    latest: PodIndex | None = field(default=None, init=False)
+    polls: int = field(default=0, init=False)
+    _failing: bool = field(default=False, init=False)
 
     def poll(self) -> PodIndex | None:
         """List once; keeps (and returns) the last index when the API server fails."""

@@ -5,14 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-
-import pytest
 
 from nodeagent.agent.daemon import Agent
 from nodeagent.config.schema import load_agent_config
@@ -48,16 +45,6 @@ def test_sampler_publishes_snapshots_and_reload_keeps_a_good_config(make_node, t
         assert agent.config.sampler.interval_s == 0.2  # the running config stays
     finally:
         assert agent.shutdown() == 0
-
-
-@pytest.fixture
-def notify_socket(tmp_path: Path):
-    path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.settimeout(20)
-    yield path, sock
-    sock.close()
 
 
 def test_run_reports_ready_and_watchdog_then_stops_on_sigterm(tmp_path: Path, notify_socket):

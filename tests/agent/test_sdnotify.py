@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
-
 import pytest
 
 from nodeagent.agent.sdnotify import Notifier
-
-
-@pytest.fixture
-def notify_socket(tmp_path: Path):
-    path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(path))
-    sock.settimeout(2)
-    yield path, sock
-    sock.close()
 
 
 def test_messages_arrive_as_datagrams(notify_socket) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,14 +38,6 @@ class Plugin:
 
     def uuid(self, index: int) -> str:
         return self.snapshot.gpus[index].info.uuid
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory for unix sockets (paths are limited to 107 bytes)."""
-    path = Path(tempfile.mkdtemp(prefix="dp-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def make_driver(
         dynamic_mig=dynamic_mig,
         state_dir=state,
         lock_timeout_s=lock_timeout_s,
-        mps=mps,
+        mps_section=mps,
     )
 
 

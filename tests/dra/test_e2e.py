@@ -47,24 +47,26 @@ class Rig:
     def refresh(self) -> None:
         self.component.refresh(self.node.snapshot())
 
-    def claim(self, name: str, expression: str) -> None:
+    def claim(self, name: str, expression: str, config: list[dict[str, Any]] | None = None) -> None:
+        """A claim of one MIG device matching ``expression``; ``config``: its device configs."""
+        devices: dict[str, Any] = {
+            "requests": [
+                {
+                    "name": "mig",
+                    "exactly": {
+                        "deviceClassName": "mig.nodeagent.io",
+                        "selectors": [{"cel": {"expression": expression}}],
+                    },
+                }
+            ]
+        }
+        if config is not None:
+            devices["config"] = config
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "mig",
-                            "exactly": {
-                                "deviceClassName": "mig.nodeagent.io",
-                                "selectors": [{"cel": {"expression": expression}}],
-                            },
-                        }
-                    ]
-                }
-            },
+            "spec": {"devices": devices},
         }
         self.api.create_namespaced_resource_claim(self.ns, body)
 
@@ -293,48 +295,21 @@ def test_random_churn_never_overlaps_never_destroys_busy_and_agrees(
 
 
 def test_a_claim_shared_by_two_containers_through_mps_on_a_dynamic_mig_device(rig: Rig) -> None:
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "shared-1g"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "mig",
-                        "exactly": {
-                            "deviceClassName": "mig.nodeagent.io",
-                            "selectors": [
-                                {
-                                    "cel": {
-                                        "expression": "device.attributes['gpu.nodeagent.io']"
-                                        ".profile == '1g.10gb'"
-                                    }
-                                }
-                            ],
-                        },
-                    }
-                ],
-                "config": [
-                    {
-                        "requests": ["mig"],
-                        "opaque": {
-                            "driver": "gpu.nodeagent.io",
-                            "parameters": {
-                                "apiVersion": "resource.nodeagent.io/v1beta1",
-                                "kind": "MigDeviceConfig",
-                                "sharing": {
-                                    "strategy": "MPS",
-                                    "mpsConfig": {"defaultActiveThreadPercentage": 50},
-                                },
-                            },
-                        },
-                    }
-                ],
-            }
+    mps = {
+        "requests": ["mig"],
+        "opaque": {
+            "driver": "gpu.nodeagent.io",
+            "parameters": {
+                "apiVersion": "resource.nodeagent.io/v1beta1",
+                "kind": "MigDeviceConfig",
+                "sharing": {
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultActiveThreadPercentage": 50},
+                },
+            },
         },
     }
-    rig.api.create_namespaced_resource_claim(rig.ns, body)
+    rig.claim("shared-1g", "device.attributes['gpu.nodeagent.io'].profile == '1g.10gb'", [mps])
     rig.pod("two", "shared-1g", containers=("server", "sidecar"))
     assert wait_until(lambda: rig.allocation("shared-1g") is not None, timeout_s=30)
     allocated = rig.allocation("shared-1g")

@@ -20,7 +20,7 @@ from nodeagent.gpu.types import Placement
 from nodeagent.runtime.lock import ProcessLock
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
-from nodeagent.testing.drakubelet import OLDER, TestDraKubelet
+from nodeagent.testing.drakubelet import OLDER, DraConnection, Prepared, TestDraKubelet
 from nodeagent.testing.mps_control import daemon_pid, running
 from nodeagent.testing.nodes import enable_mig
 from nodeagent.testing.waiting import wait_until
@@ -55,6 +55,13 @@ def plugin(h100: GpuNode, tmp_path: Path, claims: Claims) -> Iterator[tuple]:
     server.stop()
 
 
+def prepared(connection: DraConnection, ref: tuple[str, str, str]) -> Prepared:
+    """The kubelet's NodePrepareResources of the one claim ``ref``, which must succeed."""
+    answer = connection.prepare([ref])[ref[1]]
+    assert answer.error == ""
+    return answer
+
+
 def instances(node: GpuNode, gpu: int) -> list[str]:
     return [gi.slot.label for gi in node.mig_instances(gpu)]
 
@@ -80,8 +87,7 @@ def test_an_older_kubelet_speaks_v1beta1_and_a_refusal_is_recorded(
         connection = older.register()
         assert connection.version == "v1beta1.DRAPlugin"
         ref = claims.add(claim_json("c", [("gpu", "gpu-0")]))
-        answer = connection.prepare([ref])[ref[1]]
-        assert answer.error == ""
+        answer = prepared(connection, ref)
         assert [d["device"] for d in answer.devices] == ["gpu-0"]
         older.close()
         with pytest.raises(PermissionError):
@@ -141,8 +147,7 @@ def test_dynamic_mig_creates_exactly_the_allocated_placement_and_destroys_it_whe
 ) -> None:
     driver, _, connection = plugin
     ref = claims.add(claim_json("inf", [("mig", "gpu-1-mig-3g40gb-9-4")]))
-    answer = connection.prepare([ref])[ref[1]]
-    assert answer.error == ""
+    prepared(connection, ref)
     assert instances(h100, 1) == ["3g.40gb@4:4"]
     assert driver.managed() == {(1, "3g.40gb", 4)}
     mig_uuid = h100.mig_instances(1)[0].uuid
@@ -316,8 +321,7 @@ def test_an_mps_claim_runs_its_daemon_with_the_claims_limits_while_prepared(
                 "shared", [("mig", "gpu-0-mig-3g40gb-9-4")], config=[_gpu_config(MPS_LIMITS)]
             )
         )
-        answer = connection.prepare([ref])[ref[1]]
-        assert answer.error == ""
+        prepared(connection, ref)
         assert instances(h100, 0) == ["3g.40gb@4:4"], "MPS together with dynamic MIG"
         uuid = h100.mig_instances(0)[0].uuid
         assert uuid is not None
@@ -469,8 +473,7 @@ def test_the_whole_gpu_of_a_dynamic_mig_gpu_is_its_largest_instance(
 ) -> None:
     _, _, connection = plugin
     whole = claims.add(claim_json("whole", [("gpu", "gpu-1")]))
-    answer = connection.prepare([whole])[whole[1]]
-    assert answer.error == ""
+    prepared(connection, whole)
     assert instances(h100, 1) == ["7g.80gb@0:8"]
     assert connection.unprepare([whole]) == {whole[1]: ""}
     assert instances(h100, 1) == []

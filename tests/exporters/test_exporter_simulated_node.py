@@ -9,9 +9,7 @@ from a test pod-resources server. A family outside ``ABSENT_ON_H100`` that is no
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,14 +63,6 @@ AFTER_A_CLEARED_FAULT = {"nodeagent_gpu_remediation_steps_total", "nodeagent_gpu
 XID_GPU, XID = 5, 48  # a double-bit ECC error on a whole GPU
 APP_XID = 13  # a graphics engine exception: the application's fault
 NVML_ERROR_GPU, NVML_FUNCTION = 6, "nvmlDeviceGetPowerUsage"
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="exp-sim-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

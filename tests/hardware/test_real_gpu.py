@@ -10,9 +10,9 @@ holds to the driver; a failure is a fact to correct in nodeagent/sim or nodeagen
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -38,6 +38,7 @@ _SXM_MODELS = {p.model for p in PRESETS.values() if p.fabric == "nvswitch"}
 _PCIE_ONLY_MODELS = {p.model for p in PRESETS.values() if p.fabric == "pcie"}
 
 Gpu = dict[str, Any]
+_T = TypeVar("_T")
 
 
 def _model(gpu: Gpu) -> GpuModel | None:
@@ -63,6 +64,16 @@ def _mig_on(record: dict[str, Any]) -> list[tuple[Gpu, GpuModel]]:
     if not found:
         pytest.skip("no modelled GPU has MIG enabled")
     return found
+
+
+def _each(items: Iterable[_T], none_here: str) -> Iterator[_T]:
+    """``items``, then the test is skipped with ``none_here`` if there were none to check."""
+    checked = 0
+    for item in items:
+        checked += 1
+        yield item
+    if not checked:
+        pytest.skip(none_here)
 
 
 # --- identity --------------------------------------------------------------------------------
@@ -152,19 +163,19 @@ def test_profile_info_is_refused_while_mig_is_off(hw_record: dict[str, Any]) -> 
 
 
 def test_placements_are_listed_whatever_the_mode(hw_record: dict[str, Any]) -> None:
-    checked = 0
-    for gpu, _ in _modelled(hw_record):
-        for profile in gpu["mig"]["profiles"] if gpu["mig"] else ():
-            listed = profile["placements_as_listed"]
-            if listed == NVML_ERROR_NO_PERMISSION:
-                continue  # the query needs privilege on some drivers
-            assert not isinstance(listed, int), (
-                f"{_where(gpu)} {profile['name']}: NVML error {listed} with MIG "
-                f"{'on' if gpu['info']['mig_enabled'] else 'off'}"
-            )
-            checked += 1
-    if not checked:
-        pytest.skip("NVML reported no MIG placements (no privilege)")
+    profiles = (
+        (gpu, profile)
+        for gpu, _ in _modelled(hw_record)
+        for profile in (gpu["mig"]["profiles"] if gpu["mig"] else ())
+        # The query needs privilege on some drivers.
+        if profile["placements_as_listed"] != NVML_ERROR_NO_PERMISSION
+    )
+    for gpu, profile in _each(profiles, "NVML reported no MIG placements (no privilege)"):
+        listed = profile["placements_as_listed"]
+        assert not isinstance(listed, int), (
+            f"{_where(gpu)} {profile['name']}: NVML error {listed} with MIG "
+            f"{'on' if gpu['info']['mig_enabled'] else 'off'}"
+        )
 
 
 def _reported(model: GpuModel, name: str, driver: str) -> tuple[migcatalog.GiProfile, int] | None:
@@ -177,12 +188,15 @@ def _reported(model: GpuModel, name: str, driver: str) -> tuple[migcatalog.GiPro
 
 
 def test_mig_profile_table_matches_model(hw_record: dict[str, Any]) -> None:
-    checked = 0
-    for gpu, model in _modelled(hw_record):
+    # GPUs whose table the driver gave (not MIG-capable ones, nor those the catalog stood in for).
+    from_driver = (
+        (gpu, model)
+        for gpu, model in _modelled(hw_record)
+        if gpu["mig"] is not None and gpu["mig"]["source"] == "driver"
+    )
+    none_here = "no GPU reported a MIG profile table (MIG is off everywhere)"
+    for gpu, model in _each(from_driver, none_here):
         mig = gpu["mig"]
-        if mig is None or mig["source"] != "driver":
-            continue  # not MIG-capable, or the catalog stood in: nothing from the driver
-        checked += 1
         assert mig["memory_slices"] == model.memory_slices, _where(gpu)
         assert len(mig["profiles"]) == len(model.gi_profiles), _where(gpu)
         for real in mig["profiles"]:
@@ -201,36 +215,31 @@ def test_mig_profile_table_matches_model(hw_record: dict[str, Any]) -> None:
                 f"{where}: {real['memory_mib']} MiB, the model says {memory_mib} "
                 f"for driver {hw_record['driver_version']}"
             )
-    if not checked:
-        pytest.skip("no GPU reported a MIG profile table (MIG is off everywhere)")
 
 
 def test_placements_in_nvml_order_match_model(hw_record: dict[str, Any]) -> None:
-    checked = 0
-    for gpu, model in _mig_on(hw_record):
-        for real in gpu["mig"]["profiles"]:
-            listed = real["placements_as_listed"]
-            modelled = model.profile_by_id(real["profile_id"])
-            if isinstance(listed, int) or modelled is None:
-                continue
-            checked += 1
-            assert [tuple(p) for p in listed] == list(modelled.placements), (
-                f"{_where(gpu)} {real['name']}"
-            )
-    if not checked:
-        pytest.skip("NVML reported no MIG placements")
+    pairs = (
+        (gpu, real, modelled)
+        for gpu, model in _mig_on(hw_record)
+        for real in gpu["mig"]["profiles"]
+        if not isinstance(real["placements_as_listed"], int)
+        and (modelled := model.profile_by_id(real["profile_id"])) is not None
+    )
+    for gpu, real, modelled in _each(pairs, "NVML reported no MIG placements"):
+        listed = real["placements_as_listed"]
+        assert [tuple(p) for p in listed] == list(modelled.placements), (
+            f"{_where(gpu)} {real['name']}"
+        )
 
 
 def test_gpu_instance_ids_stay_in_their_ranges(hw_record: dict[str, Any]) -> None:
     """IDs follow creation within a range per instance size (models.gi_id_range)."""
-    checked = 0
-    for gpu, model in _mig_on(hw_record):
-        for gi in gpu["mig"]["instances"]:
-            checked += 1
-            ids = gi_id_range(model.memory_slices, gi["size"])
-            assert gi["instance_id"] in ids, f"{_where(gpu)}: {gi} outside {ids}"
-    if not checked:
-        pytest.skip("no GPU instance exists")
+    instances = (
+        (gpu, model, gi) for gpu, model in _mig_on(hw_record) for gi in gpu["mig"]["instances"]
+    )
+    for gpu, model, gi in _each(instances, "no GPU instance exists"):
+        ids = gi_id_range(model.memory_slices, gi["size"])
+        assert gi["instance_id"] in ids, f"{_where(gpu)}: {gi} outside {ids}"
 
 
 @pytest.fixture
@@ -268,22 +277,23 @@ def test_remaining_capacity_matches_the_simulator(
 ) -> None:
     """Beside the instances that exist, NVML and the simulator count the same room per profile:
     placements, maximum counts, SM slices and the media engines ("+me" profiles)."""
-    checked = 0
-    for gpu, model in _mig_on(hw_record):
-        simulated = _simulated_remaining(
-            model, gpu["mig"]["instances"], hw_record["driver_version"], sim_state
-        )
-        if simulated is None:
-            continue  # no preset of this model to rebuild the layout on
-        for real in gpu["mig"]["profiles"]:
-            if real["remaining"] is None:
-                continue
-            checked += 1
-            assert real["remaining"] == simulated[real["profile_id"]], (
-                f"{_where(gpu)} {real['name']} beside {gpu['mig']['instances']}"
+
+    def beside_the_simulator() -> Iterator[tuple[Gpu, dict[str, Any], Any]]:
+        for gpu, model in _mig_on(hw_record):
+            simulated = _simulated_remaining(
+                model, gpu["mig"]["instances"], hw_record["driver_version"], sim_state
             )
-    if not checked:
-        pytest.skip("NVML reported no remaining capacity")
+            if simulated is None:
+                continue  # no preset of this model to rebuild the layout on
+            for real in gpu["mig"]["profiles"]:
+                if real["remaining"] is not None:
+                    yield gpu, real, simulated[real["profile_id"]]
+
+    pairs = beside_the_simulator()
+    for gpu, real, simulated in _each(pairs, "NVML reported no remaining capacity"):
+        assert real["remaining"] == simulated, (
+            f"{_where(gpu)} {real['name']} beside {gpu['mig']['instances']}"
+        )
 
 
 def test_mig_device_count(hw_record: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,25 +30,30 @@ from tests.health.conftest import MakeRig, Rig
 OTHER_TAINT = {"key": "other.io/maintenance", "value": "x", "effect": "PreferNoSchedule"}
 
 
+@dataclass
 class Flagged:
     """The node under test, the agent's requests about it, and a reporter for it."""
 
-    def __init__(
-        self, plane: ControlPlane, nodes: NodeSet, identities: Identities, tmp_path: Path
-    ) -> None:
-        self.plane = plane
-        self.nodes = nodes
-        self.identities = identities
-        self.tmp_path = tmp_path
+    plane: ControlPlane
+    nodes: NodeSet
+    identities: Identities
+    tmp_path: Path
+    name: str = field(init=False)
+    mark: int = field(init=False)
+
+    def __post_init__(self) -> None:
         # The node as the kubelet and other controllers left it: Ready, a foreign taint.
-        self.name = nodes.create("gpu-1", gpus=8, taints=[OTHER_TAINT])
-        self.mark = plane.audit_mark()
+        self.name = self.nodes.create("gpu-1", gpus=8, taints=[OTHER_TAINT])
+        self.mark = self.plane.audit_mark()
 
     def node(self) -> dict[str, Any]:
         return self.nodes.get("gpu-1")
 
-    def condition(self) -> dict[str, Any] | None:
-        return condition(self.node(), "GPUHealthy")
+    def condition(self) -> dict[str, Any]:
+        """The node's GPUHealthy condition, which every test expects the reporter to have set."""
+        found = condition(self.node(), "GPUHealthy")
+        assert found is not None
+        return found
 
     def requests(self) -> list[tuple[str, str, int]]:
         """(verb, resource, code) of the agent's requests about this node, in order."""
@@ -56,6 +62,11 @@ class Flagged:
             for r in self.plane.audited(self.mark, user=self.identities.agent.user)
             if r.name == self.name
         ]
+
+    def reported(self, rig: Rig) -> dict[str, Any]:
+        """The condition once a new reporter (a new agent process) has reported."""
+        self.reporter(rig).report_once()
+        return self.condition()
 
     def reporter(self, rig: Rig) -> Reporter:
         section = KubernetesSection(
@@ -76,9 +87,7 @@ def test_healthy_node_gets_condition_labels_and_annotations(
     make_rig: MakeRig, flagged: Flagged
 ) -> None:
     rig = make_rig("dgx-h100")
-    flagged.reporter(rig).report_once()
-    cond = flagged.condition()
-    assert cond is not None
+    cond = flagged.reported(rig)
     assert (cond["status"], cond["reason"]) == ("True", "GPUsHealthy")
     node = flagged.node()
     # A strategic merge by type: the kubelet's Ready condition is still there beside ours (the
@@ -114,7 +123,6 @@ def test_fault_flips_condition_and_patches_only_on_change(
     rig.pump()
     reporter.report_once()
     cond = flagged.condition()
-    assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "GPULost")
     assert "gpu3: GPU lost" in cond["message"]
     assert "reboot the node" in cond["message"]
@@ -137,13 +145,9 @@ def test_unchanged_condition_keeps_its_transition_time_across_a_restart(
     make_rig: MakeRig, flagged: Flagged
 ) -> None:
     rig = make_rig("dgx-h100")
-    flagged.reporter(rig).report_once()
-    first = flagged.condition()
-    assert first is not None
+    first = flagged.reported(rig)
     time.sleep(1.1)  # Kubernetes times have one-second resolution
-    flagged.reporter(rig).report_once()  # a new agent process: it reads the node first
-    again = flagged.condition()
-    assert again is not None
+    again = flagged.reported(rig)  # a new agent process: it reads the node first
     assert again["lastTransitionTime"] == first["lastTransitionTime"]
 
 
@@ -192,7 +196,6 @@ def test_retries_while_api_server_is_down_and_catches_up(
     reporter.report_once()
     assert reporter.failures == 0
     cond = flagged.condition()
-    assert cond is not None
     assert cond["status"] == "False"
     assert "gpu2: row remap pending" in cond["message"]
     assert "gpu4:" in cond["message"]
@@ -243,7 +246,6 @@ def test_node_condition_per_fault_kind(
     rig.pump()
     reporter.report_once()
     cond = flagged.condition()
-    assert cond is not None
     assert (cond["status"], cond["reason"]) == (status, reason)
     assert message in cond["message"]
     action = rig.gpu(5).action

@@ -21,6 +21,14 @@ def agent_config(tmp_path: Path, layout: str):
     return load_agent_config(path, environ={})
 
 
+def first_pass(node, config) -> MigReconciler:
+    """A reconciler of ``config`` on ``node``, after its pass at agent start."""
+    config.state_dir.mkdir(parents=True)
+    reconciler = MigReconciler(node, config)
+    reconciler.reconcile_once()
+    return reconciler
+
+
 def profiles(node, index: int) -> list[str]:
     return sorted(gi.profile for gi in node.mig_instances(index))
 
@@ -30,9 +38,7 @@ def test_layout_applied_at_start_then_changed_without_touching_busy_instances(
 ) -> None:
     node = make_node("dgx-h100")
     config = agent_config(tmp_path, "all-balanced")
-    config.state_dir.mkdir(parents=True)
-    reconciler = MigReconciler(node, config)
-    reconciler.reconcile_once()
+    reconciler = first_pass(node, config)
     assert reconciler.last_report is not None
     assert reconciler.last_report.ok
     balanced = profiles(node, 0)
@@ -54,10 +60,7 @@ def test_layout_applied_at_start_then_changed_without_touching_busy_instances(
 
 def test_an_invalid_layout_name_is_reported_and_changes_nothing(make_node, tmp_path: Path):
     node = make_node("dgx-h100")
-    config = agent_config(tmp_path, "all-9g")
-    config.state_dir.mkdir(parents=True)
-    reconciler = MigReconciler(node, config)
-    reconciler.reconcile_once()
+    reconciler = first_pass(node, agent_config(tmp_path, "all-9g"))
     assert reconciler.last_error is not None
     assert "all-9g" in reconciler.last_error
     assert all(not node.info(i).mig_enabled for i in range(node.count()))
@@ -89,10 +92,8 @@ def test_a_damaged_layout_file_is_reported_and_the_reconciler_stays_up(
         "pools:\n  default: {mig_layout: all-1g}\n"
     )
     config = load_agent_config(path, environ={})
-    config.state_dir.mkdir(parents=True)
     node = make_node("dgx-h100")
-    reconciler = MigReconciler(node, config)
-    reconciler.reconcile_once()
+    reconciler = first_pass(node, config)
     assert reconciler.last_error is not None
     assert f"{layouts}{expected}" in reconciler.last_error
     status = json.loads((config.state_dir / "mig-status.json").read_text())

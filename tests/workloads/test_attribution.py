@@ -134,6 +134,11 @@ INDEX = PodIndex(
     containers={CID_A: (UID_A, "trainer"), CID_B: (UID_B, "server"), CID_C: (UID_C, "kernel")},
 )
 
+# The containers of INDEX, as (namespace, pod, container).
+TRAINER = ("team-a", "train-a", "trainer")
+SERVER = ("team-b", "infer-b", "server")
+KERNEL = ("team-c", "nb-c", "kernel")
+
 CASES = [
     pytest.param(
         Case(
@@ -143,17 +148,13 @@ CASES = [
                 Proc("b", "gpu0", 9000, 0.5, f"0::/kubepods/burstable/pod{UID_B}/crio-{CID_B}"),
                 Proc("c", "gpu0", 500, 0.1, f"3:memory:/kubepods/besteffort/pod{UID_C}/{CID_C}"),
             ),
-            holders=(
-                ("gpu0", "team-a", "train-a", "trainer"),
-                ("gpu0", "team-b", "infer-b", "server"),
-                ("gpu0", "team-c", "nb-c", "kernel"),
-            ),
+            holders=(("gpu0", *TRAINER), ("gpu0", *SERVER), ("gpu0", *KERNEL)),
             index=INDEX,
             expected={
-                "a": ("team-a", "train-a", "trainer", "cgroup"),
-                "a2": ("team-a", "train-a", "trainer", "cgroup"),
-                "b": ("team-b", "infer-b", "server", "cgroup"),
-                "c": ("team-c", "nb-c", "kernel", "cgroup"),
+                "a": (*TRAINER, "cgroup"),
+                "a2": (*TRAINER, "cgroup"),
+                "b": (*SERVER, "cgroup"),
+                "c": (*KERNEL, "cgroup"),
             },
             usage={("gpu0", "train-a"): 5000, ("gpu0", "infer-b"): 9000, ("gpu0", "nb-c"): 500},
         ),
@@ -166,15 +167,12 @@ CASES = [
                 Proc("a", "gpu1", 3000, 0.3, _systemd(UID_A, CID_A), mps=True),
                 Proc("b", "gpu1", 2000, 0.3, _systemd(UID_B, CID_B), mps=True),
             ),
-            holders=(
-                ("gpu1", "team-a", "train-a", "trainer"),
-                ("gpu1", "team-b", "infer-b", "server"),
-            ),
+            holders=(("gpu1", *TRAINER), ("gpu1", *SERVER)),
             index=INDEX,
             expected={
                 "mps-server": None,  # a host process: no pod's numbers
-                "a": ("team-a", "train-a", "trainer", "cgroup"),
-                "b": ("team-b", "infer-b", "server", "cgroup"),
+                "a": (*TRAINER, "cgroup"),
+                "b": (*SERVER, "cgroup"),
             },
             usage={("gpu1", "train-a"): 3000, ("gpu1", "infer-b"): 2000},
         ),
@@ -186,14 +184,11 @@ CASES = [
                 Proc("a", "mig2.0", 800, None, None),  # no access to /proc: pod-resources
                 Proc("b", "mig2.1", 1200, None, _systemd(UID_B, CID_B)),
             ),
-            holders=(
-                ("mig2.0", "team-a", "train-a", "trainer"),
-                ("mig2.1", "team-b", "infer-b", "server"),
-            ),
+            holders=(("mig2.0", *TRAINER), ("mig2.1", *SERVER)),
             index=INDEX,
             expected={
-                "a": ("team-a", "train-a", "trainer", "pod-resources"),
-                "b": ("team-b", "infer-b", "server", "cgroup"),
+                "a": (*TRAINER, "pod-resources"),
+                "b": (*SERVER, "cgroup"),
             },
             usage={("mig2.0", "train-a"): 800, ("mig2.1", "infer-b"): 1200},
         ),
@@ -205,15 +200,11 @@ CASES = [
                 Proc("a", "gpu0", 100, 0.1, _systemd(UID_A, CID_A)),
                 Proc("b", "gpu1", 100, 0.1, _systemd(UID_B, CID_B)),
             ),
-            holders=(
-                ("gpu0", "team-a", "train-a", "trainer"),
-                ("gpu0", "team-b", "infer-b", "server"),
-                ("gpu1", "team-b", "infer-b", "server"),
-            ),
+            holders=(("gpu0", *TRAINER), ("gpu0", *SERVER), ("gpu1", *SERVER)),
             index=None,  # no API server: the UID names the pod only where one pod holds it
             expected={
                 "a": ("", "", "", "cgroup"),
-                "b": ("team-b", "infer-b", "server", "pod-resources"),
+                "b": (*SERVER, "pod-resources"),
             },
         ),
         id="no-pod-index",
@@ -224,11 +215,7 @@ CASES = [
                 Proc("x", "gpu0", 100, 0.1, None),
                 Proc("y", "gpu1", 100, 0.1, "0::/user.slice/user-0.slice/session-1.scope"),
             ),
-            holders=(
-                ("gpu0", "team-a", "train-a", "trainer"),
-                ("gpu0", "team-b", "infer-b", "server"),
-                ("gpu1", "team-b", "infer-b", "server"),
-            ),
+            holders=(("gpu0", *TRAINER), ("gpu0", *SERVER), ("gpu1", *SERVER)),
             index=INDEX,
             # Unreadable cgroup on a shared GPU: unknowable. A readable host cgroup: not the
             # holder's, even when one pod holds the GPU (someone ran a job outside Kubernetes).
