@@ -20,8 +20,8 @@ from nodeagent.gpu.protocols import EventSource
 from nodeagent.health.attribution import XidAttributor
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
-from nodeagent.health.statefile import history_path, status_path
-from nodeagent.health.validation import GpuValidator
+from nodeagent.health.statefile import HEALTH_DIR, history_path, status_path
+from nodeagent.health.validation import RESETS_FILE, GpuValidator
 from nodeagent.kube.events import EventRecorder
 from nodeagent.kube.node import KubeUnavailableError, NodePatcher, make_api
 from nodeagent.runtime.snapshots import SnapshotFeed
@@ -189,6 +189,7 @@ def build_validator(
         reset=node.reset_gpu,
         processes=processes,
         recorder=_recorder(config, "remediation steps"),
+        resets_file=config.state_dir / HEALTH_DIR / RESETS_FILE,
     )
 
 

@@ -6,7 +6,10 @@ withdrawn. This validator then runs the pool's steps in order, one GPU at a time
 
 - ``reset``: resets the GPU, only where ``allow_reset`` is set, no compute process runs on it,
   and fewer than ``max_resets`` resets happened in the last ``reset_period_s`` on this node;
-  otherwise the step is skipped (and says why);
+  otherwise the step is skipped (and says why). The resets are kept in the state directory
+  (``health/resets.json``, written before each reset), so an agent that restarts, or crashes
+  in a loop, cannot exceed the cap; a history that cannot be read or written stops resets
+  (fail closed) until it is fixed, and says so;
 - ``validate``: runs the operator's ``validate_command`` with ``CUDA_VISIBLE_DEVICES`` set to
   the GPU; exit 0 within ``validate_timeout_s`` passes. Without a command it passes at once.
 
@@ -27,10 +30,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
+
+from nodeagent.atomicfile import write_json_atomic
 
 from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.errors import GpuError
 from nodeagent.health.model import HealthModel
+from nodeagent.health.score import read_json
 from nodeagent.kube.events import EventRecorder
 from nodeagent.kube.node import KubeUnavailableError
 
@@ -38,6 +45,7 @@ log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 2048
 POLL_S = 1.0
+RESETS_FILE = "resets.json"  # under <state_dir>/health: the wall-clock times of recent resets
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +71,43 @@ class GpuValidator:
     processes: Callable[[int], int]  # how many processes run on a GPU
     recorder: EventRecorder | None = None
     clock: Callable[[], float] = time.time
+    resets_file: Path | None = None  # where the reset history survives restarts; None: memory
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _resets: deque[float] = field(default_factory=deque, init=False)
+    # Why the reset history cannot be trusted (resets are refused meanwhile), else None.
+    _history_broken: str | None = field(default=None, init=False)
     _retry_at: dict[str, float] = field(default_factory=dict, init=False)
     _counts: dict[tuple[int, str, str, str], int] = field(default_factory=dict, init=False)
     # The last validate step per GPU UUID.
     last: dict[str, StepResult] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.resets_file is None:
+            return
+        try:
+            kept = read_json(self.resets_file)
+            if kept is None:
+                return
+            if not isinstance(kept, list) or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) for t in kept
+            ):
+                raise ValueError(f"{self.resets_file}: not a list of reset times")
+            self._resets.extend(sorted(float(t) for t in kept))
+        except (OSError, ValueError) as exc:
+            self._history_broken = f"the reset history is unusable ({exc}); fix or remove it"
+            log.error("remediation: %s; GPU resets are refused until then", self._history_broken)
+
+    def _keep_reset(self, at: float) -> str | None:
+        """Record a reset about to happen; why it must not happen when it cannot be kept."""
+        self._resets.append(at)
+        if self.resets_file is None:
+            return None
+        try:
+            write_json_atomic(self.resets_file, list(self._resets))
+        except OSError as exc:
+            self._resets.pop()
+            return f"cannot record it in {self.resets_file} ({exc.strerror or exc})"
+        return None
 
     def counts(self) -> Mapping[tuple[int, str, str, str], int]:
         """Steps by (GPU index, UUID, step, result) since the agent started."""
@@ -110,15 +149,18 @@ class GpuValidator:
         why = None
         if not policy.allow_reset:
             why = "resets are not allowed (remediation.allow_reset is false)"
+        elif self._history_broken is not None:
+            why = self._history_broken
         elif len(self._resets) >= policy.max_resets:
             why = (
                 f"{len(self._resets)} reset(s) in the last {policy.reset_period_s:g}s: cap reached"
             )
         elif (running := self.processes(index)) > 0:
             why = f"{running} process(es) run on it"
+        if why is None:
+            why = self._keep_reset(now)
         if why is not None:
             return StepResult(index, uuid, "reset", "skipped", why, now)
-        self._resets.append(now)
         try:
             self.reset(index)
         except GpuError as exc:

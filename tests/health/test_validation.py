@@ -3,6 +3,9 @@ validation, in order, on a simulated node."""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import EventKind, GpuEvent
 from nodeagent.health.model import HealthModel
+from nodeagent.health import validation
 from nodeagent.health.validation import GpuValidator
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
@@ -56,12 +60,19 @@ def rig(make_node: Callable[..., GpuNode]) -> Rig:
     return Rig(node, model, clock)
 
 
-def validator(rig: Rig, policy: RemediationPolicy, processes: int = 0) -> GpuValidator:
+def validator(
+    rig: Rig, policy: RemediationPolicy, processes: int = 0, resets_file: Path | None = None
+) -> GpuValidator:
     def reset(index: int) -> None:
         rig.resets.append(index)
 
     return GpuValidator(
-        rig.model, lambda: policy, reset=reset, processes=lambda _: processes, clock=rig.clock
+        rig.model,
+        lambda: policy,
+        reset=reset,
+        processes=lambda _: processes,
+        clock=rig.clock,
+        resets_file=resets_file,
     )
 
 
@@ -156,6 +167,56 @@ def test_resets_are_capped_per_period(rig: Rig) -> None:
     rig.fault_and_clear(6)
     assert [(s.gpu_index, s.result) for s in v.run_once()] == [(6, "passed")]
     assert rig.resets == [4, 6]
+
+
+CAPPED = RemediationPolicy(
+    enabled=True, steps=("reset",), allow_reset=True, max_resets=1, reset_period_s=3600
+)
+
+
+def test_the_reset_cap_holds_across_agent_restarts(rig: Rig, tmp_path: Path) -> None:
+    history = tmp_path / "health" / "resets.json"
+    rig.fault_and_clear(4)
+    assert [s.result for s in validator(rig, CAPPED, resets_file=history).run_once()] == ["passed"]
+    assert len(json.loads(history.read_text())) == 1
+    restarted = validator(rig, CAPPED, resets_file=history)  # a new agent, same state dir
+    rig.fault_and_clear(5)
+    (step,) = restarted.run_once()
+    assert (step.result, rig.resets) == ("skipped", [4])
+    assert "cap reached" in step.detail
+    rig.clock.advance(3600)  # the period is over, for a restarted agent too
+    rig.fault_and_clear(6)
+    assert [s.result for s in validator(rig, CAPPED, resets_file=history).run_once()] == ["passed"]
+    assert rig.resets == [4, 6]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        pytest.param("[17000", "not valid JSON", id="truncated"),
+        pytest.param('{"at": 1}', "not a list of reset times", id="wrong shape"),
+        pytest.param(None, "Not a directory", id="unreadable"),
+        pytest.param("[]", "No space left on device", id="disk full"),
+    ],
+)
+def test_an_unusable_reset_history_refuses_resets(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | None, problem: str
+) -> None:
+    if content is None:
+        (tmp_path / "health").write_text("a file where the directory should be")
+    else:
+        (tmp_path / "health").mkdir()
+        (tmp_path / "health" / "resets.json").write_text(content)
+
+    def disk_full(path: Path, data: object, **_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(validation, "write_json_atomic", disk_full)
+    rig.fault_and_clear(4)
+    (step,) = validator(rig, CAPPED, resets_file=tmp_path / "health" / "resets.json").run_once()
+    assert (step.step, step.result, rig.resets) == ("reset", "skipped", [])  # fails closed
+    assert problem in step.detail
+    assert "resets.json" in step.detail
 
 
 def test_a_real_reset_through_the_gpu_layer(rig: Rig, sim_state_dir: Path) -> None:
