@@ -33,7 +33,6 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from nodeagent.atomicfile import write_json_atomic
-
 from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.errors import GpuError
 from nodeagent.health.model import HealthModel

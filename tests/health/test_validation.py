@@ -17,8 +17,8 @@ from nodeagent.config.health import HealthSection
 from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import EventKind, GpuEvent
-from nodeagent.health.model import HealthModel
 from nodeagent.health import validation
+from nodeagent.health.model import HealthModel
 from nodeagent.health.validation import GpuValidator
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
