@@ -40,7 +40,7 @@ class SharingAction:
 
 @dataclass(eq=False)
 class SharingActions:
-    """Watches the shared GPUs of each render and applies the pool's sharing actions."""
+    """Watches the shared GPUs of each observed snapshot and applies the pool's sharing actions."""
 
     name = "sharing-actions"
 
@@ -138,7 +138,7 @@ class SharingActions:
             if self.snapshots.wait_newer(generation, 1.0) is None:
                 continue
             generation = self.snapshots.generation
-            # The exporter renders the snapshot on its own thread; a short wait lets the
-            # render that carries it finish (a late one is taken at the next snapshot).
+            # The exporter observes the snapshot (attribution, interference) on its own thread;
+            # a short wait lets that finish (a late one is taken at the next snapshot).
             stop.wait(0.05)
             self.evaluate()
