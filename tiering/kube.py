@@ -127,6 +127,16 @@ class Kube:
         data = resp.data
         return json.loads(data) if data else {}
 
+    def _call_if_found(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
+        """:meth:`_call`, with ``None`` for a 404 (the object, or the API, does not exist)."""
+        try:
+            result: JSON = self._call(fn, *args, **kwargs)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
     # nodes
 
     def list_nodes(self, label_selector: str | None = None) -> JSON:
@@ -263,15 +273,9 @@ class Kube:
 
     def list_workloads(self) -> JSON | None:
         """Kueue's WorkloadList of every namespace, or ``None`` when Kueue is not installed."""
-        try:
-            result: JSON = self._call(
-                self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(
+            self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
+        )
 
     def list_pod_events(self, component: str) -> list[JSON]:
         """The Events ``component`` recorded about pods, in every namespace."""
@@ -294,13 +298,7 @@ class Kube:
 
     def get_config_map(self, namespace: str, name: str) -> JSON | None:
         """The ConfigMap, or ``None`` when it does not exist."""
-        try:
-            result: JSON = self._call(self.core.read_namespaced_config_map, name, namespace)
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(self.core.read_namespaced_config_map, name, namespace)
 
     def create_config_map(self, namespace: str, body: JSON) -> JSON:
         """Create a ConfigMap (409 when it exists)."""
@@ -316,13 +314,7 @@ class Kube:
 
     def get_lease(self, namespace: str, name: str) -> JSON | None:
         """The Lease, or ``None`` when it does not exist."""
-        try:
-            result: JSON = self._call(self.coordination.read_namespaced_lease, name, namespace)
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(self.coordination.read_namespaced_lease, name, namespace)
 
     def create_lease(self, namespace: str, body: JSON) -> JSON:
         """Create a Lease (409 when someone else created it first)."""
@@ -356,12 +348,10 @@ class Kube:
 
     def kueue_api(self) -> kueue.KueueApi | None:
         """The Kueue API the cluster serves, found through discovery; ``None`` without Kueue."""
-        try:
-            groups = self._call(client.ApisApi(self.api).get_api_versions)
-        except KubeError as exc:
-            if exc.status == 404:  # a server without API groups (a stand-in): no Kueue
-                return None
-            raise
+        # A server without API groups (a stand-in) answers 404: no Kueue.
+        groups = self._call_if_found(client.ApisApi(self.api).get_api_versions)
+        if groups is None:
+            return None
         for group in groups.get("groups") or []:
             if group.get("name") != kueue.GROUP:
                 continue
