@@ -621,45 +621,47 @@ class ControlPlane:
     # kube-scheduler and kube-controller-manager
 
     def _start_controller_manager(self) -> None:
-        kubeconfig = self._kubeconfig("kube-controller-manager", "system:kube-controller-manager")
-        component = Component(
-            "kube-controller-manager",
-            [
-                str(self.bin / "kube-controller-manager"),
-                f"--kubeconfig={kubeconfig.path}",
-                "--leader-elect=false",
-                f"--controllers={CONTROLLERS}",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={self.sa_keys.key}",
-                f"--root-ca-file={self.ca.cert_path}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--secure-port=0",
-                "--v=1",
-                *self._feature_gate_flag(),
-            ],
-            self.logs_dir / "kube-controller-manager.log",
+        name = "kube-controller-manager"
+        kubeconfig = self._kubeconfig(name, "system:kube-controller-manager")
+        self._start_kube_program(
+            name,
+            kubeconfig,
+            f"--controllers={CONTROLLERS}",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={self.sa_keys.key}",
+            f"--root-ca-file={self.ca.cert_path}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--secure-port=0",
         )
-        self.components[component.name] = component
-        component.start()
 
     def _start_scheduler(self) -> None:
-        kubeconfig = self._kubeconfig("kube-scheduler", "system:kube-scheduler")
+        name = "kube-scheduler"
+        kubeconfig = self._kubeconfig(name, "system:kube-scheduler")
+        self._start_kube_program(
+            name,
+            kubeconfig,
+            f"--authentication-kubeconfig={kubeconfig.path}",
+            f"--authorization-kubeconfig={kubeconfig.path}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+        )
+
+    def _start_kube_program(self, name: str, kubeconfig: Kubeconfig, *flags: str) -> None:
+        """Start a Kubernetes control-plane program as the only replica (no leader election),
+        reaching the API server with its own identity, logging to ``<name>.log``."""
         component = Component(
-            "kube-scheduler",
+            name,
             [
-                str(self.bin / "kube-scheduler"),
+                str(self.bin / name),
                 f"--kubeconfig={kubeconfig.path}",
-                f"--authentication-kubeconfig={kubeconfig.path}",
-                f"--authorization-kubeconfig={kubeconfig.path}",
                 "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
+                *flags,
                 "--v=1",
                 *self._feature_gate_flag(),
             ],
-            self.logs_dir / "kube-scheduler.log",
+            self.logs_dir / f"{name}.log",
         )
-        self.components[component.name] = component
+        self.components[name] = component
         component.start()
 
     # Kueue
