@@ -380,19 +380,19 @@ class Kube:
         """Server-side apply of a Kueue object, never forced: a field another manager owns
         makes it fail with 409 instead of being taken over."""
         custom = client.CustomObjectsApi(self.api)
-        meta = obj["metadata"]
         options: dict[str, Any] = {
             "field_manager": field_manager,
             "force": False,
             "_content_type": APPLY_PATCH,
         }
-        if kind.namespaced:
-            fn: Callable[..., Any] = custom.patch_namespaced_custom_object
-            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
-        else:
-            fn = custom.patch_cluster_custom_object
-            where = (kueue.GROUP, api.version, kind.plural)
-        result: JSON = self._call(fn, *where, meta["name"], obj, **options)
+        fn, where = _kueue_call(
+            api,
+            kind,
+            obj,
+            custom.patch_namespaced_custom_object,
+            custom.patch_cluster_custom_object,
+        )
+        result: JSON = self._call(fn, *where, obj, **options)
         return result
 
     def delete_kueue(self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON) -> None:
@@ -405,13 +405,14 @@ class Kube:
                 uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
             )
         )
-        if kind.namespaced:
-            fn: Callable[..., Any] = custom.delete_namespaced_custom_object
-            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
-        else:
-            fn = custom.delete_cluster_custom_object
-            where = (kueue.GROUP, api.version, kind.plural)
-        self._call(fn, *where, meta["name"], body=body)
+        fn, where = _kueue_call(
+            api,
+            kind,
+            obj,
+            custom.delete_namespaced_custom_object,
+            custom.delete_cluster_custom_object,
+        )
+        self._call(fn, *where, body=body)
 
     def list_all_pods(self, field_selector: str | None = None) -> list[JSON]:
         """Every pod of the cluster (chunked), or those ``field_selector`` selects."""
@@ -445,6 +446,21 @@ def _reaching() -> Iterator[None]:
         if exc.__class__.__module__.startswith("urllib3"):
             raise KubeError(0, f"cannot reach the API server: {exc}") from None
         raise
+
+
+def _kueue_call(
+    api: kueue.KueueApi,
+    kind: kueue.Kind,
+    obj: JSON,
+    namespaced: Callable[..., Any],
+    cluster_scoped: Callable[..., Any],
+) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """The call for one Kueue object by its kind's scope, and the arguments that name the
+    object (group, version, the namespace when namespaced, plural, name)."""
+    meta = obj["metadata"]
+    if kind.namespaced:
+        return namespaced, (kueue.GROUP, api.version, meta["namespace"], kind.plural, meta["name"])
+    return cluster_scoped, (kueue.GROUP, api.version, kind.plural, meta["name"])
 
 
 def _message(exc: client.ApiException) -> str:
