@@ -262,9 +262,9 @@ class ControlPlane:
             self._start_apiserver(timeout_s)
             self.admin = self._kubeconfig("admin", ADMIN_TOKEN_USER)
             if self.controller_manager:
-                self._start_controller_manager()
+                self._start_kube_program("kube-controller-manager")
             if self.scheduler:
-                self._start_scheduler()
+                self._start_kube_program("kube-scheduler")
             if self.kueue:
                 self._start_kueue(timeout_s)
         except BaseException:
@@ -620,42 +620,34 @@ class ControlPlane:
 
     # kube-scheduler and kube-controller-manager
 
-    def _start_controller_manager(self) -> None:
-        name = "kube-controller-manager"
-        kubeconfig = self._kubeconfig(name, "system:kube-controller-manager")
-        self._start_kube_program(
-            name,
-            kubeconfig,
-            f"--controllers={CONTROLLERS}",
-            "--use-service-account-credentials=true",
-            f"--service-account-private-key-file={self.sa_keys.key}",
-            f"--root-ca-file={self.ca.cert_path}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--secure-port=0",
-        )
-
-    def _start_scheduler(self) -> None:
-        name = "kube-scheduler"
-        kubeconfig = self._kubeconfig(name, "system:kube-scheduler")
-        self._start_kube_program(
-            name,
-            kubeconfig,
-            f"--authentication-kubeconfig={kubeconfig.path}",
-            f"--authorization-kubeconfig={kubeconfig.path}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-        )
-
-    def _start_kube_program(self, name: str, kubeconfig: Kubeconfig, *flags: str) -> None:
-        """Start a Kubernetes control-plane program as the only replica (no leader election),
-        reaching the API server with its own identity, logging to ``<name>.log``."""
+    def _start_kube_program(self, name: str) -> None:
+        """Start kube-controller-manager or kube-scheduler as the only replica (no leader
+        election), under its own identity (``system:<name>``), logging to ``<name>.log``."""
+        kubeconfig = self._kubeconfig(name, f"system:{name}").path
+        if name == "kube-scheduler":
+            # Its secure port delegates authentication and authorization to the API server.
+            own = [
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+            ]
+        else:
+            own = [
+                f"--controllers={CONTROLLERS}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.sa_keys.key}",
+                f"--root-ca-file={self.ca.cert_path}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--secure-port=0",
+            ]
         component = Component(
             name,
             [
                 str(self.bin / name),
-                f"--kubeconfig={kubeconfig.path}",
+                f"--kubeconfig={kubeconfig}",
                 "--leader-elect=false",
-                *flags,
+                *own,
                 "--v=1",
                 *self._feature_gate_flag(),
             ],
