@@ -51,7 +51,7 @@ def resource_version(obj: JSON) -> int:
         return 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # the default repr would print every cached object
 class Informer(Generic[T]):
     """A dict of parsed objects kept current by list + watch, with a change signal.
 

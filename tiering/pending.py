@@ -643,7 +643,7 @@ def _search_gains(
 # --- the pass -----------------------------------------------------------------------------------
 
 
-@dataclass(eq=False, repr=False)
+@dataclass(eq=False, repr=False)  # the default repr would print the whole cluster view
 class Diagnoser:
     """One pass over a view. ``reuse=False`` is the naive scan (every pod against every node,
     nothing shared between pods but the planner's per-layout answers), kept for the
