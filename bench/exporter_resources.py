@@ -128,24 +128,37 @@ def measure(
     scrape_interval: float,
     names_file: Path | None = None,
 ) -> tuple[float, float, int, dict[str, float]]:
-    """CPU % of one core and max RSS (MiB) of ``child`` over the window, scrapes done, and
-    with ``names_file`` the CPU % per thread name."""
+    """CPU % of one core and max RSS (MiB) of ``child`` over the window, scrapes done in it,
+    and with ``names_file`` the CPU % per thread name.
+
+    Scrapes start at once, as Prometheus scrapes a target from the moment it is up; the window
+    starts after a warm-up (imports, first renders, registration, the first kubelet poll) long
+    enough for two scrapes, so that the agent knows the scrape cadence it renders ahead for.
+    """
     proc = psutil.Process(child.pid)
-    time.sleep(WARM_UP_S)  # imports done; first renders, registration, first kubelet poll
-    threads0 = thread_times(proc)
-    cpu0, wall0 = proc.cpu_times(), time.monotonic()
+    started = time.monotonic()
+    window_starts = started + WARM_UP_S + 2 * scrape_interval
+    threads0: dict[int, float] = {}
+    cpu0 = proc.cpu_times()
+    wall0 = window_starts
     scrapes, max_rss = 0, 0
-    next_scrape = wall0
-    while time.monotonic() - wall0 < seconds:
+    next_scrape = started
+    in_window = False
+    while time.monotonic() - window_starts < seconds:
         if child.poll() is not None:
             raise SystemExit(f"the agent exited with {child.returncode} during the window")
+        if not in_window and time.monotonic() >= window_starts:
+            in_window = True
+            threads0 = thread_times(proc)
+            cpu0, wall0 = proc.cpu_times(), time.monotonic()
         if time.monotonic() >= next_scrape:
             status, body = get(port, "/metrics", gzip=True)
             assert status == 200, status
             assert body
-            scrapes += 1
+            scrapes += int(in_window)
             next_scrape += scrape_interval
-        max_rss = max(max_rss, proc.memory_info().rss)
+        if in_window:
+            max_rss = max(max_rss, proc.memory_info().rss)
         time.sleep(0.5)
     cpu1, wall1 = proc.cpu_times(), time.monotonic()
     threads1 = thread_times(proc)
@@ -260,7 +273,8 @@ def running_agent(
     env = dict(os.environ)
     if names_file is not None:
         env["NODEAGENT_BENCH_NAMES"] = str(names_file)
-        env["NODEAGENT_BENCH_NAMES_AFTER_S"] = str(WARM_UP_S / 2)
+        # Once every component's thread runs (ready within seconds), before the window ends.
+        env["NODEAGENT_BENCH_NAMES_AFTER_S"] = str(4 * WARM_UP_S)
     launcher = [sys.executable, "-c", THREAD_NAMES] if threads else nodeagent_command()
     command = [*launcher, "run", "--config", str(root / "agent.yaml"),
                "--simulate", "dgx-h100", "--state-dir", str(root / "sim"),

@@ -1,13 +1,17 @@
-"""The ``metrics`` agent component: render each snapshot once, serve it over HTTP(S)."""
+"""The ``metrics`` agent component: observe each snapshot, render what scrapes get, serve it."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
+from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.kube.pods import PodIndexPoller
 from nodeagent.runtime.devices import PublishedDevices
@@ -17,18 +21,35 @@ from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.probe import ProbeRunner
-from nodeagent_exporters.render import AppXids, Rendered, Renderer, Sources, StepCounts
+from nodeagent_exporters.render import (
+    AppXids,
+    NodeCapacity,
+    Rendered,
+    Renderer,
+    Sources,
+    StepCounts,
+)
 from nodeagent_exporters.server import MetricsServer, TlsFiles
 
 log = logging.getLogger(__name__)
 
+# Scrape times kept to learn the cadence: Prometheus scrapes a target on a fixed interval (an
+# HA pair, two interleaved ones), so the smallest recent gap predicts the next scrape.
+SCRAPES_KEPT = 4
+
 
 class MetricsExporter:
-    """Renders every new snapshot on its own thread and serves the result.
+    """Observes every new snapshot on its own thread and renders the ones a scrape will serve.
 
-    The sampler's subscriber callback only wakes this thread, so a slow render never delays
-    sampling. ``/readyz`` reports ``ready_check`` (the agent passes "every component is ready")
-    when given, else this component's own readiness; ``/healthz`` reports ``live_check``.
+    The sampler's subscriber callback only wakes this thread, so attribution never delays
+    sampling. Samples come every second and scrapes every 15 to 60 s, and rendering is most of
+    the exporter's cost, so this thread renders a snapshot ahead only when it may be the newest
+    at the next scrape (from the scrape cadence; every snapshot until two scrapes were seen, or
+    once a scrape is overdue). A scrape then finds its bytes made; one that comes earlier than
+    the cadence said renders the newest snapshot itself (a few milliseconds from memory, no
+    NVML). Each snapshot is rendered at most once. ``/readyz`` reports ``ready_check`` (the
+    agent passes "every component is ready") when given, else this component's own readiness;
+    ``/healthz`` reports ``live_check``.
     """
 
     name = "metrics"
@@ -50,6 +71,7 @@ class MetricsExporter:
         app_xids: AppXids | None = None,
         remediation_steps: StepCounts | None = None,
         validations: Callable[[], Mapping[str, bool]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.pod_index = pod_index
@@ -85,7 +107,13 @@ class MetricsExporter:
         self.probe: ProbeRunner | None = None
         if cfg.probe.enabled:
             self.probe = ProbeRunner(cfg.probe, lambda: [d.device for d in self.renderer.shared])
-        self.latest: Rendered | None = None
+        self.latest: Rendered | None = None  # the last render, served until a newer snapshot
+        self.capacity: NodeCapacity | None = None  # of the newest observed snapshot
+        self._observed_generation: int | None = None
+        self._clock = clock
+        self._scrapes: deque[float] = deque(maxlen=SCRAPES_KEPT)  # clock() of recent scrapes
+        # Serialises the renderer between this thread (observe) and the scrapes (render).
+        self._lock = threading.Lock()
         self.server: MetricsServer | None = None
         self._prepared: MetricsServer | None = None
         self._wake = threading.Event()
@@ -100,8 +128,8 @@ class MetricsExporter:
 
     @property
     def ready(self) -> bool:
-        """Serving, with a first snapshot rendered."""
-        return self.server is not None and self.latest is not None
+        """Serving, with a first snapshot observed."""
+        return self.server is not None and self._observed_generation is not None
 
     def ready_check(self) -> bool:
         """What ``/readyz`` reports: the whole agent's readiness where known."""
@@ -109,7 +137,7 @@ class MetricsExporter:
 
     def capacity_annotations(self) -> dict[str, str]:
         """The node's capacity as annotations, for the pool review without Prometheus."""
-        capacity = self.latest.capacity if self.latest is not None else None
+        capacity = self.capacity
         if capacity is None:
             return {}
         out = {
@@ -136,19 +164,55 @@ class MetricsExporter:
         """What ``/healthz`` reports: the agent's liveness (threads up, sampling not wedged)."""
         return self._live_check() if self._live_check is not None else True
 
-    def render_latest(self) -> Rendered | None:
-        """Render the newest snapshot if it is newer than the one served."""
+    def observe_latest(self) -> None:
+        """Take in the newest snapshot (attribution, capacity, counters) if not done yet, and
+        render it when the next scrape may serve it."""
+        with self._lock:
+            newest = self._observe()
+            if newest is not None and self._scrape_due_soon():
+                self._render(*newest)
+
+    def _scrape_due_soon(self) -> bool:
+        """Whether a snapshot published now may still be the newest at the next scrape."""
+        if len(self._scrapes) < 2:
+            return True  # the cadence is not known yet
+        gap = min(later - earlier for earlier, later in itertools.pairwise(self._scrapes))
+        # Two sample intervals of margin: the snapshot before the scrape and the one before it
+        # (in case the last one is late) are made in advance.
+        return self._clock() >= self._scrapes[-1] + gap - 2 * self.config.sampler.interval_s
+
+    def _observe(self) -> tuple[NodeSnapshot, int] | None:
         generation = self.snapshots.generation
         snapshot = self.snapshots.latest
-        if snapshot is None or (self.latest is not None and self.latest.generation == generation):
+        if snapshot is None:
+            return None
+        if self._observed_generation != generation:
+            self.capacity = self.renderer.observe(snapshot)
+            self._observed_generation = generation
+        return snapshot, generation
+
+    def render_latest(self) -> Rendered | None:
+        """The newest snapshot's exposition: rendered now if it was not yet."""
+        with self._lock:
+            newest = self._observe()
+            if newest is not None:
+                self._render(*newest)
             return self.latest
-        self.latest = self.renderer.render(snapshot, generation)
-        return self.latest
+
+    def serve_latest(self) -> Rendered | None:
+        """What a scrape gets (:meth:`render_latest`); the scrape's time teaches the cadence."""
+        with self._lock:
+            self._scrapes.append(self._clock())
+        return self.render_latest()
+
+    def _render(self, snapshot: NodeSnapshot, generation: int) -> None:
+        if self.latest is None or self.latest.generation != generation:
+            self.latest = self.renderer.render(snapshot, generation)
 
     def _server(self) -> MetricsServer:
         return MetricsServer(
             self.address,
-            lambda: self.latest,
+            self.serve_latest,
             self.ready_check,
             live_check=self.live_check,
             tls=self.tls,
@@ -195,13 +259,13 @@ class MetricsExporter:
             server.start()
         self.server = server
         try:
-            self.render_latest()
+            self.observe_latest()
             while not stop.is_set():
                 # The timeout re-checks ``stop`` and catches a snapshot published between
                 # subscribe and the first wait.
                 if self._wake.wait(1.0):
                     self._wake.clear()
-                    self.render_latest()
+                    self.observe_latest()
         finally:
             unsubscribe()
             self.server = None

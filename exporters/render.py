@@ -1,8 +1,12 @@
 """Render one NodeSnapshot (plus health, MIG capacity and pod attribution) into exposition bytes.
 
-Rendering happens once per snapshot, off the scrape path. The result is immutable
-(:class:`Rendered`); a scrape takes a reference to the latest one and appends the snapshot age,
-the only value that depends on the moment of the scrape.
+Two steps. :meth:`Renderer.observe` takes in every snapshot (the counters that span snapshots,
+the pod attribution and the capacity the rest of the agent acts on); :meth:`Renderer.render`
+turns an observed snapshot into exposition bytes, for the snapshots a scrape may serve (the
+metrics component decides which: samples come every second, scrapes every 15 to 60 s, and the
+text is most of the cost). Nothing here calls NVML. The result is immutable
+(:class:`Rendered`); a scrape takes a reference to it and appends the snapshot age, the only
+value that depends on the moment of the scrape.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ STABILITY_LEVELS = ("stable", "degraded", "unstable", "unknown")
 
 @dataclass(frozen=True, slots=True)
 class NodeCapacity:
-    """The node's capacity summary of one render (also published as node annotations)."""
+    """The node's capacity summary of one snapshot (also published as node annotations)."""
 
     mig_fragmentation_mean: float | None  # mean fragmentation ratio over MIG GPUs; None: none
     stranded_mig_slices: int  # free slices no requested profile can use, over all GPUs
@@ -66,6 +70,16 @@ class Rendered:
     snapshot_timestamp_s: float
     generation: int = 0
     capacity: NodeCapacity | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Observed:
+    """What :meth:`Renderer.observe` computed of one snapshot, for its render."""
+
+    snapshot: NodeSnapshot
+    capacity: NodeCapacity
+    gpu_fragmentation: Mapping[int, tuple[float, int]]  # MIG GPU -> (ratio, stranded slices)
+    largest_free_nvlink_set: int  # GPUs in the largest NVLink-connected set of free GPUs
 
 
 def version() -> str:
@@ -269,7 +283,7 @@ def _workload_view(
 
 
 class Renderer:
-    """Turns snapshots into :class:`Rendered`; keeps the counters that span snapshots."""
+    """Observes every snapshot and renders the ones asked for into :class:`Rendered`."""
 
     def __init__(self, sources: Sources, *, clock: Callable[[], float] = time.time) -> None:
         self.sources = sources
@@ -284,35 +298,79 @@ class Renderer:
         self.processes: tuple[AttributedProcess, ...] = ()
         self.shared: tuple[SharedDevice, ...] = ()  # devices several workloads use
         self._workload_view: _WorkloadView | None = None
+        self._observed: _Observed | None = None
 
-    def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
-        """Render ``snapshot``; the NVML error counters advance by its per-pass counts."""
-        started = time.perf_counter()
+    def observe(self, snapshot: NodeSnapshot) -> NodeCapacity:
+        """Take in ``snapshot``: NVML error counts, pod attribution, capacity (once each).
+
+        Called for every snapshot, so that counters miss no pass and :attr:`processes`,
+        :attr:`shared` and the capacity stay current whether or not anyone scrapes.
+        """
+        if self._observed is not None and self._observed.snapshot is snapshot:
+            return self._observed.capacity
         for function, count in snapshot.nvml_errors.items():
             self._nvml_errors[function] = self._nvml_errors.get(function, 0) + count
+        allocations = self.sources.allocations()
+        self._attribute(snapshot, allocations)
+        self._observed = self._capacity(snapshot, allocations)
+        return self._observed.capacity
+
+    def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
+        """Render ``snapshot`` (observed first if it was not)."""
+        started = time.perf_counter()
+        self.observe(snapshot)
+        observed = self._observed
+        assert observed is not None  # set by observe
         families = _Families()
-        capacity = self._fill(families, snapshot)
+        self._fill(families, observed)
         families.add("nodeagent_render_duration_seconds", (), self._last_render_s)
         body = self._cache.render(families)
         self._last_render_s = time.perf_counter() - started
         self.renders += 1
-        # Level 1: a 2x smaller body for a fraction of the cost of level 6, once per snapshot.
-        return Rendered(body, gzip.compress(body, 1), snapshot.timestamp_s, generation, capacity)
+        # Level 1: a 2x smaller body for a fraction of the cost of level 6, once per render.
+        return Rendered(
+            body, gzip.compress(body, 1), snapshot.timestamp_s, generation, observed.capacity
+        )
+
+    def _device_health(self) -> dict[str, DeviceHealth]:
+        source = self.sources.health()
+        return dict(source.device_health()) if source is not None else {}
+
+    def _capacity(self, snap: NodeSnapshot, allocations: Allocations | None) -> _Observed:
+        """Free and stranded GPUs, and each MIG GPU's fragmentation, of one snapshot."""
+        policy = self.sources.policy()
+        health = self._device_health()
+        allocated = {d.uuid for d in allocations.pod_devices} if allocations is not None else set()
+        free_gpus: list[int] = []
+        per_gpu: dict[int, tuple[float, int]] = {}
+        for gpu in snap.gpus:
+            if gpu.info.mig_enabled and not gpu.lost:
+                geometry = gpu.mig_geometry
+                if geometry is not None:
+                    per_gpu[gpu.info.index] = (
+                        capacity.fragmentation_ratio(geometry, gpu.mig_instances),
+                        capacity.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes),
+                    )
+            elif self._is_free(gpu, health.get(gpu.info.uuid), allocated):
+                free_gpus.append(gpu.info.index)
+        components = capacity.nvlink_components(free_gpus, snap.topology)
+        ratios = [ratio for ratio, _ in per_gpu.values()]
+        node = NodeCapacity(
+            mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
+            stranded_mig_slices=sum(stranded for _, stranded in per_gpu.values()),
+            stranded_gpus=capacity.stranded_gpus(components, policy.request_sizes),
+            free_gpus=len(free_gpus),
+        )
+        return _Observed(snap, node, per_gpu, components[0] if components else 0)
 
     # --- families ----------------------------------------------------------------------------
-    def _fill(self, f: _Families, snap: NodeSnapshot) -> NodeCapacity:
+    def _fill(self, f: _Families, observed: _Observed) -> None:
+        snap = observed.snapshot
         policy = self.sources.policy()
         health_source = self.sources.health()
-        health = dict(health_source.device_health()) if health_source is not None else {}
+        health = self._device_health()
         allocations = self.sources.allocations()
-        allocated_uuids = set()
-        if allocations is not None:
-            allocated_uuids = {d.uuid for d in allocations.pod_devices}
-
         self._inventory(f, snap, policy)
-        free_gpus: list[int] = []
-        ratios: list[float] = []
-        stranded_slices = 0
         mig_by_uuid: dict[str, tuple[GpuState, GpuInstance]] = {}
         for gpu in snap.gpus:
             ids = (str(gpu.info.index), gpu.info.uuid)
@@ -322,30 +380,16 @@ class Renderer:
                 for ci in gi.compute_instances:
                     mig_by_uuid[ci.uuid] = (gpu, gi)
             if gpu.info.mig_enabled and not gpu.lost:
-                measured = self._mig(f, gpu, ids, health, policy)
-                if measured is not None:
-                    ratios.append(measured[0])
-                    stranded_slices += measured[1]
-            elif self._is_free(gpu, health.get(gpu.info.uuid), allocated_uuids):
-                free_gpus.append(gpu.info.index)
-
-        components = capacity.nvlink_components(free_gpus, snap.topology)
-        f.add("nodeagent_free_gpus", (), len(free_gpus))
-        f.add("nodeagent_free_nvlink_set_gpus", (), components[0] if components else 0)
-        stranded_gpus = capacity.stranded_gpus(components, policy.request_sizes)
-        f.add("nodeagent_stranded_gpus", (), stranded_gpus)
+                self._mig(f, gpu, ids, health, observed.gpu_fragmentation.get(gpu.info.index))
+        f.add("nodeagent_free_gpus", (), observed.capacity.free_gpus)
+        f.add("nodeagent_free_nvlink_set_gpus", (), observed.largest_free_nvlink_set)
+        f.add("nodeagent_stranded_gpus", (), observed.capacity.stranded_gpus)
         self._xids_and_stability(f, snap, health_source)
         self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
-        self._workloads(f, snap, allocations)
+        self._workloads(f)
         self._remediation(f, snap)
         self._agent(f, snap)
-        return NodeCapacity(
-            mig_fragmentation_mean=sum(ratios) / len(ratios) if ratios else None,
-            stranded_mig_slices=stranded_slices,
-            stranded_gpus=stranded_gpus,
-            free_gpus=len(free_gpus),
-        )
 
     def _inventory(self, f: _Families, snap: NodeSnapshot, policy: PoolPolicy) -> None:
         f.add("nodeagent_gpus", (), len(snap.gpus))
@@ -438,9 +482,9 @@ class Renderer:
         gpu: GpuState,
         ids: tuple[str, str],
         health: Mapping[str, DeviceHealth],
-        policy: PoolPolicy,
-    ) -> tuple[float, int] | None:
-        """Per-instance and per-GPU MIG series; returns (fragmentation ratio, stranded slices)."""
+        fragmentation: tuple[float, int] | None,
+    ) -> None:
+        """Per-instance and per-GPU MIG series (``fragmentation``: ratio, stranded slices)."""
         for gi in gpu.mig_instances:
             mig = (*ids, gi.profile, str(gi.instance_id))
             info = (*mig, gi.uuid or "", str(gi.placement.start), str(gi.placement.size))
@@ -452,18 +496,15 @@ class Renderer:
                     value = float(candidate is dh.state)
                     f.add("nodeagent_mig_health_state", (*mig, candidate.value), value)
         geometry = gpu.mig_geometry
-        if geometry is None:
-            return None
+        if geometry is None or fragmentation is None:
+            return
         occupied = sum(gi.placement.size for gi in gpu.mig_instances)
         f.add("nodeagent_mig_slices", ids, geometry.memory_slices)
         f.add("nodeagent_mig_free_slices", ids, geometry.memory_slices - occupied)
         for profile, count in capacity.creatable(geometry, gpu.mig_instances).items():
             f.add("nodeagent_mig_creatable_instances", (*ids, profile), count)
-        ratio = capacity.fragmentation_ratio(geometry, gpu.mig_instances)
-        f.add("nodeagent_mig_fragmentation_ratio", ids, ratio)
-        stranded = capacity.stranded_slices(geometry, gpu.mig_instances, policy.request_sizes)
-        f.add("nodeagent_stranded_mig_slices", ids, stranded)
-        return ratio, stranded
+        f.add("nodeagent_mig_fragmentation_ratio", ids, fragmentation[0])
+        f.add("nodeagent_stranded_mig_slices", ids, fragmentation[1])
 
     @staticmethod
     def _is_free(gpu: GpuState, dh: DeviceHealth | None, allocated: set[str]) -> bool:
@@ -555,8 +596,8 @@ class Renderer:
             labels = (d.resource, gpu, d.uuid, profile, instance, d.pod, d.namespace, d.container)
             f.add("nodeagent_device_plugin_pod_devices", labels, d.count)
 
-    def _workloads(self, f: _Families, snap: NodeSnapshot, allocations: Allocations | None) -> None:
-        """Usage per (device, container), and what no pod is found for; see nodeagent.workloads."""
+    def _attribute(self, snap: NodeSnapshot, allocations: Allocations | None) -> None:
+        """The processes with their pods and the shared devices; see nodeagent.workloads."""
         cgroups = self.sources.cgroups
         if cgroups is None:
             self.processes = ()
@@ -580,6 +621,12 @@ class Renderer:
             self._workload_view = view
         self.processes = view.processes
         self.shared = view.shared
+
+    def _workloads(self, f: _Families) -> None:
+        """Usage per (device, container), and what no pod is found for."""
+        view = self._workload_view
+        if self.sources.cgroups is None or view is None:
+            return
         for ids, unattributed in view.unattributed:
             f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
         f.add("nodeagent_workload_series_dropped", (), view.dropped)

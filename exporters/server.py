@@ -1,7 +1,8 @@
-"""The metrics HTTP server: ``/metrics`` from pre-rendered bytes, ``/healthz``, ``/readyz``.
+"""The metrics HTTP server: ``/metrics`` from rendered bytes, ``/healthz``, ``/readyz``.
 
-A scrape takes a reference to the latest :class:`Rendered` and writes it, plus one line with the
-snapshot age. It never calls NVML, never renders, and never waits for the sampler.
+A scrape asks its body source for the newest :class:`Rendered` and writes it, plus one line
+with the snapshot age. The source renders a snapshot at most once, from memory (the metrics
+component); nothing here calls NVML or waits for the sampler.
 """
 
 from __future__ import annotations

@@ -69,10 +69,27 @@ def _demand(gpu: dict[str, Any], model: models.GpuModel, proc: dict[str, Any]) -
     return share
 
 
+# Loads by the identity of the process list they were computed from. The simulated driver
+# hands every reading of one GPU the same read-only list for as long as the state is unchanged
+# (a pass asks for the load about six times per GPU); the entry keeps the list alive, so its
+# identity cannot be reused by another list while cached.
+_LOADS: dict[int, tuple[list[dict[str, Any]], float]] = {}
+_LOADS_KEPT = 256
+
+
 def load(gpu: dict[str, Any], procs: list[dict[str, Any]]) -> float:
     """The GPU's load (0..1): what its processes ask for, up to all of it."""
+    if not procs:
+        return 0.0
+    cached = _LOADS.get(id(procs))
+    if cached is not None and cached[0] is procs:
+        return cached[1]
     model = models.MODELS[gpu["model"]]
-    return min(1.0, sum(_demand(gpu, model, p) for p in procs))
+    value = min(1.0, sum(_demand(gpu, model, p) for p in procs))
+    if len(_LOADS) >= _LOADS_KEPT:
+        _LOADS.clear()
+    _LOADS[id(procs)] = (procs, value)
+    return value
 
 
 def _swing(gpu: dict[str, Any], now: float) -> float:

@@ -479,12 +479,19 @@ def test_device_plugin_counts_tell_unknown_from_zero(
     assert (value(samples, "nodeagent_pod_resources_age_seconds") is not None) is known
 
 
-def test_nvml_errors_accumulate_across_snapshots() -> None:
+def test_nvml_errors_accumulate_across_snapshots_rendered_or_not() -> None:
     renderer = Renderer(Sources(policy=PoolPolicy))
-    snap = snapshot([gpu_state(0)], nvml_errors={"nvmlDeviceGetPowerUsage": 2})
-    renderer.render(snap)
-    second = parse_samples(renderer.render(snap).body.decode())
-    assert value(second, "nodeagent_nvml_errors_total", function="nvmlDeviceGetPowerUsage") == 4.0
+
+    def one_pass() -> NodeSnapshot:
+        return snapshot([gpu_state(0)], nvml_errors={"nvmlDeviceGetPowerUsage": 2})
+
+    renderer.render(one_pass())
+    renderer.observe(one_pass())  # a pass nobody scraped still counts
+    last = one_pass()
+    renderer.observe(last)
+    renderer.observe(last)  # the same pass observed again is not counted twice
+    samples = parse_samples(renderer.render(last).body.decode())
+    assert value(samples, "nodeagent_nvml_errors_total", function="nvmlDeviceGetPowerUsage") == 6.0
 
 
 @pytest.mark.parametrize(

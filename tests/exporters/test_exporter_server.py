@@ -222,17 +222,68 @@ def test_component_renders_each_snapshot_once_and_serves_it(
         assert value(first, "nodeagent_gpus") == 8.0
         assert value(first, "nodeagent_gpu_row_remap_pending", gpu="2") == 0.0
         renders = exporter.renderer.renders
-        for _ in range(3):  # scrapes never render
+        for _ in range(3):  # scrapes of a rendered snapshot never render again
             get(port, "/metrics")
         assert exporter.renderer.renders == renders
         SimControl(sim_state_dir).inject("remap-pending", 2)
-        sampler.sample_once()
+        sampler.sample_once()  # scrapes come often here: rendered ahead, on the exporter thread
         assert wait_until(lambda: exporter.renderer.renders == renders + 1)
         after = parse_samples(get(port, "/metrics")[2].decode())
         assert value(after, "nodeagent_gpu_row_remap_pending", gpu="2") == 1.0
+        assert exporter.renderer.renders == renders + 1
         others_ready.clear()  # another component of the agent is not ready yet
         assert get(port, "/readyz")[0] == 503
     finally:
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def test_component_renders_ahead_only_the_snapshots_the_next_scrape_may_serve(
+    make_node: Callable[..., GpuNode],
+) -> None:
+    node = make_node("dgx-h100")
+    config = AgentConfig(metrics=MetricsSection(address="127.0.0.1:0", pod_attribution=False))
+    snapshots = SnapshotStore()
+    now = [1000.0]
+    exporter = MetricsExporter(config, snapshots, clock=lambda: now[0])
+    sampler = Sampler(node, snapshots, SamplerSection(interval_s=1.0))
+
+    def sample_at(t: float) -> None:
+        now[0] = t
+        sampler.sample_once()
+        exporter.observe_latest()
+
+    sample_at(1000.0)
+    assert exporter.renderer.renders == 1  # no scrape seen yet: every snapshot is made ahead
+    exporter.serve_latest()
+    sample_at(1015.0)
+    assert exporter.renderer.renders == 2  # one scrape: the cadence is not known yet
+    exporter.serve_latest()  # scrapes 15 s apart: the next is due at 1030
+    assert exporter.renderer.renders == 2  # served what was made ahead
+    for t in range(1016, 1028):
+        sample_at(float(t))
+    assert exporter.renderer.renders == 2  # none of these can be the newest at 1030
+    assert exporter.capacity is not None  # ... but each was observed
+    sample_at(1028.0)
+    sample_at(1029.0)
+    assert exporter.renderer.renders == 4  # the last two before the scrape are made ahead
+    now[0] = 1030.0
+    served = exporter.serve_latest()
+    assert served is not None
+    assert served.generation == snapshots.generation
+    assert exporter.renderer.renders == 4  # the scrape found its bytes made
+    sample_at(1031.0)
+    assert exporter.renderer.renders == 4  # the next scrape is due at 1045
+    sample_at(1044.0)
+    sample_at(1050.0)  # the scrape is overdue: every snapshot is made ahead
+    assert exporter.renderer.renders == 6
+    now[0] = 1051.0
+    exporter.serve_latest()  # gaps 15, 15, 21: the next is expected at 1066
+    sample_at(1052.0)
+    assert exporter.renderer.renders == 6
+    now[0] = 1053.0  # a scrape earlier than expected renders the newest snapshot itself
+    early = exporter.serve_latest()
+    assert early is not None
+    assert early.generation == snapshots.generation
+    assert exporter.renderer.renders == 7
