@@ -28,7 +28,6 @@ Run: ``.venv/bin/python bench/tiering_pending.py [--nodes 5000] [--pods 50000]
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import tempfile
@@ -36,6 +35,7 @@ import time
 from pathlib import Path
 
 import psutil
+from tiering_common import count_options, nearest_rank
 
 from nodeagent import labels as lbl
 from nodeagent.agent.backend import open_node
@@ -205,19 +205,9 @@ def build(nodes: int, pods: int, pending: int, seed: int) -> ClusterView:
     return ClusterView(tuple(infos), tuple(running + waiting))
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--pods", type=int, default=50000)
-    parser.add_argument("--pending", type=int, default=2000)
-    parser.add_argument("--passes", type=int, default=30)
-    parser.add_argument("--naive-every", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=14)
+    count_options(parser, nodes=5000, pods=50000, pending=2000, passes=30, naive_every=20, seed=14)
     args = parser.parse_args()
     proc = psutil.Process()
     started = time.perf_counter()
@@ -240,12 +230,12 @@ def main() -> None:
         cpu.append(time.process_time() - c)
     assert len(result.diagnoses) == args.pending
     rss = proc.memory_info().rss / 1e6
-    med, p99 = statistics.median(times), pct(times, 0.99)
+    med, p99 = statistics.median(times), nearest_rank(times, 0.99)
     print(f"  full pass, median of {args.passes}                             {med:7.3f} s")
     print(f"  full pass, p99 of {args.passes}                                {p99:7.3f} s  < 1 s")
     print(f"  full pass, worst of {args.passes}                              {max(times):7.3f} s")
     print(f"  full pass CPU time, median / p99            {statistics.median(cpu):7.3f} / "
-          f"{pct(cpu, 0.99):.3f} s")  # fmt: skip
+          f"{nearest_rank(cpu, 0.99):.3f} s")  # fmt: skip
     print(f"  load average while measuring                        {psutil.getloadavg()[0]:7.2f}")
     print(f"  RSS after the passes                                {rss:7.0f} MB  < 400 MB")
     print(f"  reasons: {', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}")

@@ -31,6 +31,8 @@ import statistics
 import time
 from typing import Any
 
+from tiering_common import count_options
+
 from nodeagent.testing.kueue_month import simulate
 from nodeagent_tiering import kueue
 from nodeagent_tiering.nodes import NodeView
@@ -90,10 +92,7 @@ def baseline(bodies: dict[str, bytes], now_s: float, period_s: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--teams", type=int, default=200)
-    parser.add_argument("--workloads", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=3)
+    count_options(parser, nodes=5000, teams=200, workloads=100_000, runs=3)
     args = parser.parse_args()
     started = time.perf_counter()
     month = simulate(

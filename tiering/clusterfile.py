@@ -30,7 +30,14 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from kubernetes import client
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+)
 
 KUEUE_GROUP = "kueue.x-k8s.io/"
 KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue", "Workload", "Cohort")
@@ -137,6 +144,18 @@ def _pod_model() -> type[BaseModel]:
 # --- the file's own sections --------------------------------------------------------------------
 
 
+def _node_name(value: str) -> str:
+    if not _DNS_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid node name (DNS-1123 subdomain)")
+    return value
+
+
+def _kueue_api_version(value: str) -> str:
+    if not value.startswith(KUEUE_GROUP):
+        raise ValueError(f"{value!r} is not a Kueue API version ({KUEUE_GROUP}v1beta2)")
+    return value
+
+
 class Taint(_Strict):
     """A node taint."""
 
@@ -155,19 +174,12 @@ class Mig(_Strict):
 class Node(_Strict):
     """One simulated node."""
 
-    name: str
+    name: Annotated[str, AfterValidator(_node_name)]
     preset: str
     labels: dict[str, str] = {}
     taints: list[Taint] = []
     unschedulable: bool = False
     mig: Mig | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _dns(cls, value: str) -> str:
-        if not _DNS_NAME.match(value):
-            raise ValueError(f"{value!r} is not a valid node name (DNS-1123 subdomain)")
-        return value
 
 
 class KueueObject(BaseModel):
@@ -175,16 +187,9 @@ class KueueObject(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    apiVersion: str  # noqa: N815 - the Kubernetes field name
+    apiVersion: Annotated[str, AfterValidator(_kueue_api_version)]  # noqa: N815 - Kubernetes' name
     kind: Literal["ResourceFlavor", "ClusterQueue", "LocalQueue", "Workload", "Cohort"]
     metadata: dict[str, Any]
-
-    @field_validator("apiVersion")
-    @classmethod
-    def _group(cls, value: str) -> str:
-        if not value.startswith(KUEUE_GROUP):
-            raise ValueError(f"{value!r} is not a Kueue API version ({KUEUE_GROUP}v1beta2)")
-        return value
 
 
 class ClusterFile(_Strict):

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
@@ -63,36 +63,27 @@ class DryRunLog:
         log.info("dry-run: would %s", line)
 
 
+@dataclass(eq=False)
 class Controller:
     """Tiers and drains, one pass at a time."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        cache: NodeCache,
-        policy: TierPolicy,
-        *,
-        clock: Clock,
-        elector: LeaderElector | None = None,
-        dry_run: bool = False,
-        metrics: TieringMetrics | None = None,
-    ) -> None:
-        self.kube = kube
-        self.cache = cache
-        self.policy = policy
-        self.clock = clock
-        self.elector = elector
-        self.dry_run = dry_run
-        self.metrics = metrics or TieringMetrics()
-        self.dry_log = DryRunLog()
-        self.breaker = BreakerState()
-        self._unstable_since: dict[str, float] = {}
-        self._seeded = False
-        self._last_drain_start: float | None = None
-        self._backoff: dict[tuple[str, str], _PodRetry] = {}
-        self._next_step: dict[str, float] = {}
-        self._deferred: dict[str, str] = {}
-        self.last_plan: Plan | None = None
+    kube: Kube
+    cache: NodeCache
+    policy: TierPolicy
+    _: KW_ONLY
+    clock: Clock
+    elector: LeaderElector | None = None
+    dry_run: bool = False
+    metrics: TieringMetrics = field(default_factory=TieringMetrics)
+    dry_log: DryRunLog = field(init=False, default_factory=DryRunLog)
+    breaker: BreakerState = field(init=False, default_factory=BreakerState)
+    last_plan: Plan | None = field(init=False, default=None)
+    _unstable_since: dict[str, float] = field(init=False, default_factory=dict)
+    _seeded: bool = field(init=False, default=False)
+    _last_drain_start: float | None = field(init=False, default=None)
+    _backoff: dict[tuple[str, str], _PodRetry] = field(init=False, default_factory=dict)
+    _next_step: dict[str, float] = field(init=False, default_factory=dict)
+    _deferred: dict[str, str] = field(init=False, default_factory=dict)
 
     # leadership
 

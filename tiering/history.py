@@ -365,6 +365,13 @@ def fragmentation_section(
     )
 
 
+def _top_ten(
+    title: str, key: str, unit_hours: Mapping[str, float]
+) -> tuple[str, list[str], list[list[str]]]:
+    """A table of the first ten rows of ``unit_hours`` (already ordered, largest first)."""
+    return title, [key, "UNIT-HOURS"], [[k, f"{v:g}"] for k, v in list(unit_hours.items())[:10]]
+
+
 def section_tables(f: Fragmentation) -> list[SectionTable]:
     """The section's tables."""
     reasons = [r.value for r in Reason]
@@ -377,25 +384,15 @@ def section_tables(f: Fragmentation) -> list[SectionTable]:
                 for r in reasons
             ],
         ),
-        (
-            "Blocked by fragmentation (unit-hours requested)",
-            ["NAMESPACE", "UNIT-HOURS"],
-            [[k, f"{v:g}"] for k, v in list(f.blocked_ns.items())[:10]],
-        ),
-        (
-            "Request sizes blocked by fragmentation",
-            ["REQUEST", "UNIT-HOURS"],
-            [[k, f"{v:g}"] for k, v in list(f.blocked_size.items())[:10]],
-        ),
-        (
+        _top_ten("Blocked by fragmentation (unit-hours requested)", "NAMESPACE", f.blocked_ns),
+        _top_ten("Request sizes blocked by fragmentation", "REQUEST", f.blocked_size),
+        _top_ten(
             "Stranding: free capacity no blocked request could use, beside these pods",
-            ["NAMESPACE", "UNIT-HOURS"],
-            [[k, f"{v:g}"] for k, v in list(f.stranding_ns.items())[:10]],
+            "NAMESPACE",
+            f.stranding_ns,
         ),
-        (
-            "Stranding by the request size of the pods beside it",
-            ["REQUEST", "UNIT-HOURS"],
-            [[k, f"{v:g}"] for k, v in list(f.stranding_size.items())[:10]],
+        _top_ten(
+            "Stranding by the request size of the pods beside it", "REQUEST", f.stranding_size
         ),
     ]
     rows = []

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, TypeVar
 
 from nodeagent.runtime.backoff import Backoff
@@ -50,6 +51,7 @@ def resource_version(obj: JSON) -> int:
         return 0
 
 
+@dataclass(eq=False, repr=False)  # the default repr would print every cached object
 class Informer(Generic[T]):
     """A dict of parsed objects kept current by list + watch, with a change signal.
 
@@ -59,30 +61,22 @@ class Informer(Generic[T]):
     in the cache (its UID unless told otherwise).
     """
 
-    def __init__(
-        self,
-        what: str,
-        list_call: Callable[[], JSON | None],
-        watch_call: Callable[[str, int], Iterator[JSON]],
-        parse: Callable[[JSON], T],
-        *,
-        key: Callable[[JSON], str] = object_key,
-        watch_timeout_s: int = 300,
-    ) -> None:
-        self.what = what
-        self._list = list_call
-        self._watch = watch_call
-        self._parse = parse
-        self._key = key
-        self._timeout = watch_timeout_s
-        self._lock = threading.Lock()
-        self._items: dict[str, T] = {}
-        self._versions: dict[str, int] = {}  # key -> resourceVersion of the cached object
-        self._rv = ""
-        self.available = True
-        self.changed = threading.Event()  # set on every change; the consumer clears it
-        self.synced = threading.Event()
-        self.last_change_s = 0.0  # monotonic time of the last change
+    what: str
+    list_call: Callable[[], JSON | None]
+    watch_call: Callable[[str, int], Iterator[JSON]]
+    parse: Callable[[JSON], T]
+    _: KW_ONLY
+    key: Callable[[JSON], str] = object_key
+    watch_timeout_s: int = 300
+    available: bool = field(init=False, default=True)
+    # Set on every change; the consumer clears it.
+    changed: threading.Event = field(init=False, default_factory=threading.Event)
+    synced: threading.Event = field(init=False, default_factory=threading.Event)
+    last_change_s: float = field(init=False, default=0.0)  # monotonic time of the last change
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _items: dict[str, T] = field(init=False, default_factory=dict)
+    _versions: dict[str, int] = field(init=False, default_factory=dict)  # key -> resourceVersion
+    _rv: str = field(init=False, default="")
 
     def snapshot(self) -> list[T]:
         """The cached values."""
@@ -97,14 +91,14 @@ class Informer(Generic[T]):
     def update(self, obj: JSON) -> None:
         """Adopt an object the caller just wrote (the watch confirms it later), unless the
         cache holds a newer version already."""
-        key = self._key(obj)
+        key = self.key(obj)
         with self._lock:
             if resource_version(obj) >= self._versions.get(key, 0):
                 self._store(key, obj)
 
     def relist(self) -> None:
         """Replace the cache with a fresh list."""
-        data = self._list()
+        data = self.list_call()
         with self._lock:
             self._items = {}
             self._versions = {}
@@ -114,7 +108,7 @@ class Informer(Generic[T]):
             else:
                 self.available = True
                 for obj in data.get("items") or ():
-                    self._store(self._key(obj), obj)
+                    self._store(self.key(obj), obj)
                 self._rv = str((data.get("metadata") or {}).get("resourceVersion", ""))
         self.synced.set()
         self._signal()
@@ -130,7 +124,7 @@ class Informer(Generic[T]):
                     stop.wait(ABSENT_RETRY_S)
                     self.synced.clear()
                     continue
-                for event in self._watch(self._rv, self._timeout):
+                for event in self.watch_call(self._rv, self.watch_timeout_s):
                     if stop.is_set():
                         return
                     self._apply(event)
@@ -152,7 +146,7 @@ class Informer(Generic[T]):
                 stop.wait(delay)
 
     def _store(self, key: str, obj: JSON) -> None:
-        self._items[key] = self._parse(obj)
+        self._items[key] = self.parse(obj)
         self._versions[key] = resource_version(obj)
 
     def _signal(self) -> None:
@@ -172,7 +166,7 @@ class Informer(Generic[T]):
                 self._rv = rv
             if kind == "BOOKMARK":
                 return
-            key = self._key(obj)
+            key = self.key(obj)
             if kind == "DELETED":
                 self._items.pop(key, None)
                 self._versions.pop(key, None)

@@ -127,6 +127,16 @@ class Kube:
         data = resp.data
         return json.loads(data) if data else {}
 
+    def _call_if_found(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> JSON | None:
+        """:meth:`_call`, with ``None`` for a 404 (the object, or the API, does not exist)."""
+        try:
+            result: JSON = self._call(fn, *args, **kwargs)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
     # nodes
 
     def list_nodes(self, label_selector: str | None = None) -> JSON:
@@ -263,15 +273,9 @@ class Kube:
 
     def list_workloads(self) -> JSON | None:
         """Kueue's WorkloadList of every namespace, or ``None`` when Kueue is not installed."""
-        try:
-            result: JSON = self._call(
-                self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(
+            self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
+        )
 
     def list_pod_events(self, component: str) -> list[JSON]:
         """The Events ``component`` recorded about pods, in every namespace."""
@@ -294,13 +298,7 @@ class Kube:
 
     def get_config_map(self, namespace: str, name: str) -> JSON | None:
         """The ConfigMap, or ``None`` when it does not exist."""
-        try:
-            result: JSON = self._call(self.core.read_namespaced_config_map, name, namespace)
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(self.core.read_namespaced_config_map, name, namespace)
 
     def create_config_map(self, namespace: str, body: JSON) -> JSON:
         """Create a ConfigMap (409 when it exists)."""
@@ -316,13 +314,7 @@ class Kube:
 
     def get_lease(self, namespace: str, name: str) -> JSON | None:
         """The Lease, or ``None`` when it does not exist."""
-        try:
-            result: JSON = self._call(self.coordination.read_namespaced_lease, name, namespace)
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return result
+        return self._call_if_found(self.coordination.read_namespaced_lease, name, namespace)
 
     def create_lease(self, namespace: str, body: JSON) -> JSON:
         """Create a Lease (409 when someone else created it first)."""
@@ -356,12 +348,10 @@ class Kube:
 
     def kueue_api(self) -> kueue.KueueApi | None:
         """The Kueue API the cluster serves, found through discovery; ``None`` without Kueue."""
-        try:
-            groups = self._call(client.ApisApi(self.api).get_api_versions)
-        except KubeError as exc:
-            if exc.status == 404:  # a server without API groups (a stand-in): no Kueue
-                return None
-            raise
+        # A server without API groups (a stand-in) answers 404: no Kueue.
+        groups = self._call_if_found(client.ApisApi(self.api).get_api_versions)
+        if groups is None:
+            return None
         for group in groups.get("groups") or []:
             if group.get("name") != kueue.GROUP:
                 continue
@@ -390,19 +380,19 @@ class Kube:
         """Server-side apply of a Kueue object, never forced: a field another manager owns
         makes it fail with 409 instead of being taken over."""
         custom = client.CustomObjectsApi(self.api)
-        meta = obj["metadata"]
         options: dict[str, Any] = {
             "field_manager": field_manager,
             "force": False,
             "_content_type": APPLY_PATCH,
         }
-        if kind.namespaced:
-            fn: Callable[..., Any] = custom.patch_namespaced_custom_object
-            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
-        else:
-            fn = custom.patch_cluster_custom_object
-            where = (kueue.GROUP, api.version, kind.plural)
-        result: JSON = self._call(fn, *where, meta["name"], obj, **options)
+        fn, where = _kueue_call(
+            api,
+            kind,
+            obj,
+            custom.patch_namespaced_custom_object,
+            custom.patch_cluster_custom_object,
+        )
+        result: JSON = self._call(fn, *where, obj, **options)
         return result
 
     def delete_kueue(self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON) -> None:
@@ -415,13 +405,14 @@ class Kube:
                 uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
             )
         )
-        if kind.namespaced:
-            fn: Callable[..., Any] = custom.delete_namespaced_custom_object
-            where: tuple[str, ...] = (kueue.GROUP, api.version, meta["namespace"], kind.plural)
-        else:
-            fn = custom.delete_cluster_custom_object
-            where = (kueue.GROUP, api.version, kind.plural)
-        self._call(fn, *where, meta["name"], body=body)
+        fn, where = _kueue_call(
+            api,
+            kind,
+            obj,
+            custom.delete_namespaced_custom_object,
+            custom.delete_cluster_custom_object,
+        )
+        self._call(fn, *where, body=body)
 
     def list_all_pods(self, field_selector: str | None = None) -> list[JSON]:
         """Every pod of the cluster (chunked), or those ``field_selector`` selects."""
@@ -455,6 +446,21 @@ def _reaching() -> Iterator[None]:
         if exc.__class__.__module__.startswith("urllib3"):
             raise KubeError(0, f"cannot reach the API server: {exc}") from None
         raise
+
+
+def _kueue_call(
+    api: kueue.KueueApi,
+    kind: kueue.Kind,
+    obj: JSON,
+    namespaced: Callable[..., Any],
+    cluster_scoped: Callable[..., Any],
+) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """The call for one Kueue object by its kind's scope, and the arguments that name the
+    object (group, version, the namespace when namespaced, plural, name)."""
+    meta = obj["metadata"]
+    if kind.namespaced:
+        return namespaced, (kueue.GROUP, api.version, meta["namespace"], kind.plural, meta["name"])
+    return cluster_scoped, (kueue.GROUP, api.version, kind.plural, meta["name"])
 
 
 def _message(exc: client.ApiException) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
@@ -72,37 +72,29 @@ class LeaseTiming:
             raise ValueError("lease timing needs retry_period < renew_deadline < lease_duration")
 
 
+@dataclass(eq=False)
 class LeaderElector:
     """One candidate's view of the lease."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        *,
-        namespace: str,
-        name: str,
-        identity: str,
-        clock: Clock,
-        timing: LeaseTiming | None = None,
-    ) -> None:
-        self._kube = kube
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
-        self._clock = clock
-        self.timing = timing or LeaseTiming()
-        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
-        self._observed_at = 0.0
-        self._renewed_at: float | None = None
-        self._lease: dict[str, Any] | None = None
-        self.breaker = BreakerState()
-        self._pending_breaker: BreakerState | None = None
+    kube: Kube
+    _: KW_ONLY
+    namespace: str
+    name: str
+    identity: str
+    clock: Clock
+    timing: LeaseTiming = field(default_factory=LeaseTiming)
+    breaker: BreakerState = field(init=False, default_factory=BreakerState)
+    _observed: tuple[str, str] | None = field(init=False, default=None)  # (holder, renewTime)
+    _observed_at: float = field(init=False, default=0.0)  # own clock when _observed changed
+    _renewed_at: float | None = field(init=False, default=None)
+    _lease: dict[str, Any] | None = field(init=False, default=None)
+    _pending_breaker: BreakerState | None = field(init=False, default=None)
 
     def is_leader(self) -> bool:
         """Whether this candidate may act now."""
         if self._renewed_at is None:
             return False
-        return self._clock() < self._renewed_at + self.timing.renew_deadline_s
+        return self.clock() < self._renewed_at + self.timing.renew_deadline_s
 
     def set_breaker(self, state: BreakerState) -> None:
         """Store a new breaker state with the next renewal."""
@@ -111,9 +103,9 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One election round; returns whether this candidate holds the lease afterwards."""
-        now = self._clock()
+        now = self.clock()
         try:
-            lease = self._kube.get_lease(self.namespace, self.name)
+            lease = self.kube.get_lease(self.namespace, self.name)
             if lease is None:
                 return self._create(now)
             spec = lease.get("spec") or {}
@@ -152,7 +144,7 @@ class LeaderElector:
             },
             "spec": self._spec(now, now, 0),
         }
-        self._lease = self._kube.create_lease(self.namespace, body)
+        self._lease = self.kube.create_lease(self.namespace, body)
         self._won(now)
         return True
 
@@ -170,7 +162,7 @@ class LeaderElector:
         acquire = now if takeover else _acquire_time(spec, now)
         meta["annotations"] = annotations
         body = {"metadata": meta, "spec": self._spec(now, acquire, transitions)}
-        self._lease = self._kube.replace_lease(self.namespace, self.name, body)
+        self._lease = self.kube.replace_lease(self.namespace, self.name, body)
         self._pending_breaker = None
         self.breaker = breaker_from_lease(self._lease)
         if takeover:
@@ -201,7 +193,7 @@ class LeaderElector:
         body = dict(self._lease)
         body["spec"] = {**(body.get("spec") or {}), "holderIdentity": "", "leaseDurationSeconds": 1}
         try:
-            self._kube.replace_lease(self.namespace, self.name, body)
+            self.kube.replace_lease(self.namespace, self.name, body)
         except KubeError as exc:
             log.info("lease release skipped: %s", exc)
         self._lost()

@@ -36,7 +36,7 @@ import enum
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from nodeagent import labels as lbl
@@ -643,34 +643,36 @@ def _search_gains(
 # --- the pass -----------------------------------------------------------------------------------
 
 
+@dataclass(eq=False, repr=False)  # the default repr would print the whole cluster view
 class Diagnoser:
     """One pass over a view. ``reuse=False`` is the naive scan (every pod against every node,
     nothing shared between pods but the planner's per-layout answers), kept for the
     benchmark's comparison."""
 
-    def __init__(
-        self,
-        view: ClusterView,
-        settings: Settings,
-        planner: MigPlanner,
-        *,
-        reuse: bool = True,
-    ) -> None:
-        self.view = view
-        self.settings = settings
-        self.planner = planner
-        self.reuse = reuse
-        self.nodes = _prepare(view)
+    view: ClusterView
+    settings: Settings
+    planner: MigPlanner
+    _: KW_ONLY
+    reuse: bool = True
+    nodes: dict[str, _Node] = field(init=False)
+    order: list[str] = field(init=False)
+    _workloads: dict[str, WorkloadInfo] = field(init=False, default_factory=dict)  # owner UID
+    _classes: dict[tuple[Any, ...], tuple[list[tuple[int, str]], str]] = field(
+        init=False, default_factory=dict
+    )
+    _memo: dict[tuple[Any, ...], tuple[Reason, str, Unblock | None]] = field(
+        init=False, default_factory=dict
+    )
+    _all_tiers: set[str] | None = field(init=False, default=None)
+    _sigs: list[tuple[Any, ...]] | None = field(init=False, default=None)
+    _pending: list[PodInfo] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.nodes = _prepare(self.view)
         self.order = sorted(self.nodes)
-        self._workloads: dict[str, WorkloadInfo] = {}
-        for wl in view.workloads:
+        for wl in self.view.workloads:
             for owner in wl.owners:
                 self._workloads[owner] = wl
-        self._classes: dict[tuple[Any, ...], tuple[list[tuple[int, str]], str]] = {}
-        self._memo: dict[tuple[Any, ...], tuple[Reason, str, Unblock | None]] = {}
-        self._all_tiers: set[str] | None = None
-        self._sigs: list[tuple[Any, ...]] | None = None
-        self._pending: list[PodInfo] | None = None
 
     # pods
 
@@ -799,7 +801,7 @@ class Diagnoser:
         )
         found = self._memo.get(key) if self.reuse else None
         if found is None:
-            found = self._classify(pod, pod.requests, topology, classes, message)
+            found = self._classify(pod, topology, classes, message)
             if self.reuse:
                 self._memo[key] = found
         reason, evidence, unblock = found
@@ -816,13 +818,9 @@ class Diagnoser:
         )
 
     def _classify(
-        self,
-        pod: PodInfo,
-        request: Mapping[str, int],
-        topology: Topology,
-        classes: Sequence[tuple[int, str]],
-        message: str,
+        self, pod: PodInfo, topology: Topology, classes: Sequence[tuple[int, str]], message: str
     ) -> tuple[Reason, str, Unblock | None]:
+        request = pod.requests
         nodes = self.nodes
         eligible = [nodes[n] for n, (c, _) in zip(self.order, classes, strict=True) if c == OK]
         for node in eligible:
@@ -833,7 +831,7 @@ class Diagnoser:
                     f"its GPUs fit on node {node.info.name} by what the agents publish{said}",
                     None,
                 )
-        tier = self._tier(pod, request, topology, classes)
+        tier = self._tier(pod, topology, classes)
         if tier is not None:
             return tier
         resource, units = primary_request(request)
@@ -844,14 +842,11 @@ class Diagnoser:
         return self._whole(resource, units, topology, eligible)
 
     def _tier(
-        self,
-        pod: PodInfo,
-        request: Mapping[str, int],
-        topology: Topology,
-        classes: Sequence[tuple[int, str]],
+        self, pod: PodInfo, topology: Topology, classes: Sequence[tuple[int, str]]
     ) -> tuple[Reason, str, Unblock | None] | None:
         """A node the pod may not use now would hold it: the one needing the fewest changes
         (back in service before admitted, then the tightest fit)."""
+        request = pod.requests
         best: tuple[tuple[int, int, int, str], _Node, list[str], list[str]] | None = None
         resource = primary_request(request)[0]
         for name, (cls, _) in zip(self.order, classes, strict=True):

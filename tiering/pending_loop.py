@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 
 from nodeagent_tiering.clock import Clock
 from nodeagent_tiering.history import History, HistoryStore
@@ -45,32 +46,38 @@ MIN_INTERVAL_S = 5.0  # a burst of pod changes gives one pass, not hundreds
 RESYNC_S = 30.0  # a pass at least this often (pending ages, the history's clock)
 
 
+@dataclass(eq=False)
 class PendingLoop:
-    """Diagnosis passes, their metrics, and (as leader) Events and history."""
+    """Diagnosis passes, their metrics, and (as leader) Events and history.
 
-    def __init__(
-        self,
-        kube: Kube,
-        nodes: NodeCache,
-        settings: Settings,
-        metrics: PendingMetrics,
-        planner: MigPlanner,
-        *,
-        clock: Clock,
-        namespace: str,
-        identity: str,
-        may_act: Callable[[], bool],
-        dry_run: bool = False,
-    ) -> None:
-        self.kube = kube
-        self.nodes = nodes
-        self.settings = settings
-        self.metrics = metrics
-        self.planner = planner
-        self.clock = clock
-        self.may_act = may_act
-        self.dry_run = dry_run
-        self.pods: Informer[PodInfo] = Informer(
+    ``namespace`` holds the history's ConfigMap; ``identity`` names this replica in the Events
+    it records.
+    """
+
+    kube: Kube
+    nodes: NodeCache
+    settings: Settings
+    metrics: PendingMetrics
+    planner: MigPlanner
+    _: KW_ONLY
+    clock: Clock
+    namespace: InitVar[str]
+    identity: InitVar[str]
+    may_act: Callable[[], bool]
+    dry_run: bool = False
+    pods: Informer[PodInfo] = field(init=False)
+    workloads: Informer[WorkloadInfo] = field(init=False)
+    events: PodEvents = field(init=False)
+    store: HistoryStore = field(init=False)
+    history: History = field(init=False, default_factory=History)
+    last: PassResult | None = field(init=False, default=None)
+    _leading: bool = field(init=False, default=False)
+    _parsed: dict[str, tuple[str, NodeInfo]] = field(init=False, default_factory=dict)
+    _dry_seen: set[tuple[str, str]] = field(init=False, default_factory=set)
+
+    def __post_init__(self, namespace: str, identity: str) -> None:
+        kube = self.kube
+        self.pods = Informer(
             "pod",
             kube.list_pods,
             lambda rv, timeout: kube.watch_objects(
@@ -78,7 +85,7 @@ class PendingLoop:
             ),
             pod_from_object,
         )
-        self.workloads: Informer[WorkloadInfo] = Informer(
+        self.workloads = Informer(
             "Kueue workload",
             kube.list_workloads,
             lambda rv, timeout: kube.watch_objects(
@@ -91,13 +98,8 @@ class PendingLoop:
             ),
             workload_from_object,
         )
-        self.events = PodEvents(None if dry_run else kube, instance=identity)
+        self.events = PodEvents(None if self.dry_run else kube, instance=identity)
         self.store = HistoryStore(kube, namespace)
-        self.history = History()
-        self.last: PassResult | None = None
-        self._leading = False
-        self._parsed: dict[str, tuple[str, NodeInfo]] = {}
-        self._dry_seen: set[tuple[str, str]] = set()
 
     def view(self) -> ClusterView:
         """The cluster now, from the caches (nodes are parsed again only when they changed)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -77,26 +78,21 @@ def gpu_labels(
     }
 
 
+@dataclass(eq=False)
 class Cluster:
     """This test's nodes, pods and budgets, and what the service asked of the API server."""
 
-    def __init__(
-        self,
-        plane: ControlPlane,
-        nodes: NodeSet,
-        namespace: str,
-        identity: Identity,
-        kubelets: KubeletStandIn | None,
-    ) -> None:
-        self.plane = plane
-        self.nodes = nodes
-        self.namespace = namespace
-        self.identity = identity
-        self.kubelets = kubelets
-        self.api = plane.api_client()
+    plane: ControlPlane
+    nodes: NodeSet
+    namespace: str
+    identity: Identity
+    kubelets: KubeletStandIn | None
+
+    def __post_init__(self) -> None:
+        self.api = self.plane.api_client()
         self.core = client.CoreV1Api(self.api)
-        self.lease_name = f"tiering-{namespace}"[:63]
-        self.mark = plane.audit_mark()
+        self.lease_name = f"tiering-{self.namespace}"[:63]
+        self.mark = self.plane.audit_mark()
 
     # the service's side
 

@@ -121,18 +121,25 @@ def test_unstable_node_is_cordoned_drained_quarantined_and_returns(
     assert cluster.reasons("a")[-1] == "NodeReturned"
 
 
+def first_eviction_refused(cluster, make_controller, pod):
+    """A controller that saw node a turn unstable, started its drain, and had the eviction of
+    ``pod`` refused by its PodDisruptionBudget (429)."""
+    ctl = make_controller()
+    refresh(ctl)
+    cluster.set_stability("a", "unstable")
+    refresh(ctl)
+    refresh(ctl)
+    assert cluster.calls("create", "pods/eviction") == [(pod, 429)]
+    return ctl
+
+
 def test_pdb_refusal_is_retried_with_backoff(cluster, make_controller, clock):
     cluster.add_nodes({"a": T4, "b": T4}, gpus=1)
     cluster.add_pod("web-1", "a", labels={"app": "web"})
     cluster.add_pod("web-2", "b", labels={"app": "web"})
     cluster.wait_running("web-1", "web-2")
     cluster.add_pdb("web", {"app": "web"}, min_available=2, healthy=2)
-    ctl = make_controller()
-    refresh(ctl)
-    cluster.set_stability("a", "unstable")
-    refresh(ctl)
-    refresh(ctl)
-    assert cluster.calls("create", "pods/eviction") == [("web-1", 429)]
+    ctl = first_eviction_refused(cluster, make_controller, "web-1")
     clock.advance(1)
     refresh(ctl)
     assert len(cluster.calls("create", "pods/eviction")) == 1, "backing off (5 s)"
@@ -170,12 +177,7 @@ def held_by_a_budget(cluster):
 
 def test_drain_times_out_and_stays_quarantined(cluster, make_controller, clock, policy):
     held_by_a_budget(cluster)
-    ctl = make_controller()
-    refresh(ctl)
-    cluster.set_stability("a", "unstable")
-    refresh(ctl)
-    refresh(ctl)
-    assert cluster.calls("create", "pods/eviction") == [("db", 429)]
+    ctl = first_eviction_refused(cluster, make_controller, "db")
     clock.advance(policy.drain.timeout_s + 1)
     refresh(ctl)
     assert drain_record(cluster, "a")["phase"] == "failed"

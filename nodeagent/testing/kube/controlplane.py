@@ -262,9 +262,9 @@ class ControlPlane:
             self._start_apiserver(timeout_s)
             self.admin = self._kubeconfig("admin", ADMIN_TOKEN_USER)
             if self.controller_manager:
-                self._start_controller_manager()
+                self._start_kube_program("kube-controller-manager")
             if self.scheduler:
-                self._start_scheduler()
+                self._start_kube_program("kube-scheduler")
             if self.kueue:
                 self._start_kueue(timeout_s)
         except BaseException:
@@ -620,46 +620,40 @@ class ControlPlane:
 
     # kube-scheduler and kube-controller-manager
 
-    def _start_controller_manager(self) -> None:
-        kubeconfig = self._kubeconfig("kube-controller-manager", "system:kube-controller-manager")
-        component = Component(
-            "kube-controller-manager",
-            [
-                str(self.bin / "kube-controller-manager"),
-                f"--kubeconfig={kubeconfig.path}",
-                "--leader-elect=false",
+    def _start_kube_program(self, name: str) -> None:
+        """Start kube-controller-manager or kube-scheduler as the only replica (no leader
+        election), under its own identity (``system:<name>``), logging to ``<name>.log``."""
+        kubeconfig = self._kubeconfig(name, f"system:{name}").path
+        if name == "kube-scheduler":
+            # Its secure port delegates authentication and authorization to the API server.
+            own = [
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+            ]
+        else:
+            own = [
                 f"--controllers={CONTROLLERS}",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={self.sa_keys.key}",
                 f"--root-ca-file={self.ca.cert_path}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--secure-port=0",
-                "--v=1",
-                *self._feature_gate_flag(),
-            ],
-            self.logs_dir / "kube-controller-manager.log",
-        )
-        self.components[component.name] = component
-        component.start()
-
-    def _start_scheduler(self) -> None:
-        kubeconfig = self._kubeconfig("kube-scheduler", "system:kube-scheduler")
+            ]
         component = Component(
-            "kube-scheduler",
+            name,
             [
-                str(self.bin / "kube-scheduler"),
-                f"--kubeconfig={kubeconfig.path}",
-                f"--authentication-kubeconfig={kubeconfig.path}",
-                f"--authorization-kubeconfig={kubeconfig.path}",
+                str(self.bin / name),
+                f"--kubeconfig={kubeconfig}",
                 "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
+                *own,
                 "--v=1",
                 *self._feature_gate_flag(),
             ],
-            self.logs_dir / "kube-scheduler.log",
+            self.logs_dir / f"{name}.log",
         )
-        self.components[component.name] = component
+        self.components[name] = component
         component.start()
 
     # Kueue

@@ -19,6 +19,7 @@ from nodeagent.agent.backend import open_node
 from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, encode
+from nodeagent.testing.kube.nodes import pod_manifest
 from nodeagent_tiering.pending import PassResult, Settings
 from nodeagent_tiering.pending import diagnose as diagnose_with
 from nodeagent_tiering.view import ClusterView, view_from_objects
@@ -68,16 +69,17 @@ def pod(
     uid: str | None = None,
 ) -> JSON:
     """A Pod: running on ``node``, else pending (Unschedulable with ``unschedulable``)."""
-    limits = {k: str(v) for k, v in request.items()}
-    spec: JSON = {"containers": [{"name": "main", "resources": {"limits": limits}}]}
-    if node:
-        spec["nodeName"] = node
-    if selector:
-        spec["nodeSelector"] = dict(selector)
-    if tolerations:
-        spec["tolerations"] = [dict(t) for t in tolerations]
+    manifest = pod_manifest(
+        name,
+        resources={k: str(v) for k, v in request.items()},
+        node_name=node,
+        labels=labels,
+        node_selector=selector,
+        tolerations=tolerations,
+    )
+    manifest["metadata"].update(namespace=namespace, uid=uid or f"uid-{namespace}-{name}")
     if gates:
-        spec["schedulingGates"] = [{"name": g} for g in gates]
+        manifest["spec"]["schedulingGates"] = [{"name": g} for g in gates]
     status: JSON = {"phase": "Running" if node else "Pending"}
     if not node and not gates and unschedulable is not None:
         status["conditions"] = [
@@ -88,13 +90,7 @@ def pod(
                 "message": unschedulable,
             }
         ]
-    meta: JSON = {
-        "name": name,
-        "namespace": namespace,
-        "uid": uid or f"uid-{namespace}-{name}",
-        "labels": dict(labels or {}),
-    }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
+    return {**manifest, "status": status}
 
 
 @dataclass

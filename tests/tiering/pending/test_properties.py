@@ -108,6 +108,22 @@ def _layout(draw: st.DrawFn, geo: MigGeometry) -> list[tuple[str, int, bool]]:
     return sorted(out, key=lambda i: i[1])
 
 
+def _pods_on(
+    draw: st.DrawFn, node: int, gpus: int, count: st.SearchStrategy[int], largest: int
+) -> list[tuple[str, list[int]]]:
+    """Running pods of whole-GPU node ``node``: each takes 1..``largest`` GPUs, the next ones of
+    a shuffle of the node's GPUs, until ``count`` pods or a pod that no longer fits."""
+    free = list(draw(st.permutations(range(gpus))))
+    pods = []
+    for k in range(draw(count)):
+        size = draw(st.integers(1, largest))
+        if size > len(free):
+            break
+        pods.append((f"p{node}-{k}", sorted(free[:size])))
+        free = free[size:]
+    return pods
+
+
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
     nodes: list[Whole | Mig] = []
@@ -119,14 +135,7 @@ def worlds(draw: st.DrawFn) -> World:
         if whole:
             gpus = draw(st.sampled_from([4, 8]))
             islands = [0] * gpus if draw(st.booleans()) else [i - i % 2 for i in range(gpus)]
-            free = list(draw(st.permutations(range(gpus))))
-            pods = []
-            for k in range(draw(st.integers(0, 4))):
-                size = draw(st.integers(1, 4))
-                if size > len(free):
-                    break
-                pods.append((f"p{i}-{k}", sorted(free[:size])))
-                free = free[size:]
+            pods = _pods_on(draw, i, gpus, st.integers(0, 4), largest=4)
             nodes.append(Whole(f"w{i}", gpus, pods, islands, **flags))
         else:
             preset = draw(st.sampled_from([H100, A30]))
@@ -375,14 +384,7 @@ def fragmented(draw: st.DrawFn) -> World:
     """Whole-GPU nodes partly used, and a request above the largest free block."""
     nodes: list[Whole | Mig] = []
     for i in range(draw(st.integers(2, 3))):
-        order = list(draw(st.permutations(range(8))))
-        pods = []
-        for k in range(draw(st.integers(1, 4))):
-            size = draw(st.integers(1, 3))
-            if size > len(order):
-                break
-            pods.append((f"p{i}-{k}", sorted(order[:size])))
-            order = order[size:]
+        pods = _pods_on(draw, i, 8, st.integers(1, 4), largest=3)
         islands = [0] * 8 if draw(st.booleans()) else [j - j % 4 for j in range(8)]
         nodes.append(Whole(f"w{i}", 8, pods, islands))
     free = [_whole_free(n)[0] for n in nodes if isinstance(n, Whole)]

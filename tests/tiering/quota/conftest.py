@@ -118,6 +118,29 @@ class KueueEnv:
         )
         return result
 
+    def foreign_cluster_queue(self, base: str, flavor: str, gpus: int) -> JSON:
+        """A ClusterQueue someone else made (no nodeagent labels) promising ``gpus``
+        ``nvidia.com/gpu`` on ``flavor``, to apply."""
+        return {
+            "apiVersion": self.api.api_version,
+            "kind": "ClusterQueue",
+            "metadata": {"name": self.name(base)},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        }
+
     def edit(self, plural: str, name: str, path: Sequence[str | int], value: Any) -> None:
         """Change one field of a cluster-scoped Kueue object by hand, as `kubectl edit` would
         (field manager ``kubectl-edit``; a JSON patch, so Kueue's own concurrent status and

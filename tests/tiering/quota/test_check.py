@@ -165,23 +165,7 @@ def test_someone_elses_queue_on_a_nodeagent_flavor_counts_toward_the_promise(env
     data, tier = policy(env, {"a": 6})
     env.node("n1", tier)
     apply(env, data)
-    theirs = {
-        "apiVersion": env.api.api_version,
-        "kind": "ClusterQueue",
-        "metadata": {"name": env.name("legacy")},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["nvidia.com/gpu"],
-                    "flavors": [
-                        {"name": tier, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}
-                    ],
-                }
-            ],
-        },
-    }
-    env.plane.apply([theirs])
+    env.plane.apply([env.foreign_cluster_queue("legacy", tier, 4)])
     code, lines = check(env, data, tmp_path)
     assert code == 1
     assert lines == [

@@ -49,71 +49,57 @@ def group(*flavors: tuple[str, list[dict[str, Any]]], covered: list[str] | None 
     ]
 
 
+def training(*quotas: dict[str, Any]):
+    """The resource group of the one flavor ``training`` with these resources' quotas."""
+    return group(("training", list(quotas)))
+
+
+def quota(resource: str = "nvidia.com/gpu", **fields: int) -> dict[str, Any]:
+    """One resource's entry in a ClusterQueue flavor: its name, then the quota fields."""
+    return {"name": resource, **fields}
+
+
 CASES = [
     pytest.param(
         gpu({"guaranteed": 8, "type": "hard"}),
         None,
         "Never",
-        group(
-            (
-                "training",
-                [
-                    {
-                        "name": "nvidia.com/gpu",
-                        "nominalQuota": 8,
-                        "borrowingLimit": 0,
-                        "lendingLimit": 0,
-                    }
-                ],
-            )
-        ),
+        training(quota(nominalQuota=8, borrowingLimit=0, lendingLimit=0)),
         id="hard: never lent (lendingLimit 0), no borrowing by default",
     ),
     pytest.param(
         gpu({"guaranteed": 8}),
         None,
         "Never",
-        group(("training", [{"name": "nvidia.com/gpu", "nominalQuota": 8, "borrowingLimit": 0}])),
+        training(quota(nominalQuota=8, borrowingLimit=0)),
         id="soft by default: lendable (no lendingLimit)",
     ),
     pytest.param(
         gpu({"guaranteed": 8, "lend": 2}),
         None,
         "Never",
-        group(
-            (
-                "training",
-                [
-                    {
-                        "name": "nvidia.com/gpu",
-                        "nominalQuota": 8,
-                        "borrowingLimit": 0,
-                        "lendingLimit": 2,
-                    }
-                ],
-            )
-        ),
+        training(quota(nominalQuota=8, borrowingLimit=0, lendingLimit=2)),
         id="soft with a lending limit",
     ),
     pytest.param(
         gpu({"guaranteed": 4, "borrow": 4}),
         None,
         "Never",
-        group(("training", [{"name": "nvidia.com/gpu", "nominalQuota": 4, "borrowingLimit": 4}])),
+        training(quota(nominalQuota=4, borrowingLimit=4)),
         id="borrow limit",
     ),
     pytest.param(
         gpu({"guaranteed": 0, "borrow": "unlimited"}),
         None,
         "Never",
-        group(("training", [{"name": "nvidia.com/gpu", "nominalQuota": 0}])),
+        training(quota(nominalQuota=0)),
         id="opportunistic: nothing guaranteed, unlimited borrowing",
     ),
     pytest.param(
         {"reclaimable": True, **gpu({"guaranteed": 16, "borrow": 8})},
         None,
         "Any",
-        group(("training", [{"name": "nvidia.com/gpu", "nominalQuota": 16, "borrowingLimit": 8}])),
+        training(quota(nominalQuota=16, borrowingLimit=8)),
         id="reclaimable: preempt borrowers to take lent quota back",
     ),
     pytest.param(
@@ -126,20 +112,10 @@ CASES = [
         },
         None,
         "Never",
-        group(
-            (
-                "training",
-                [
-                    {
-                        "name": "nvidia.com/gpu",
-                        "nominalQuota": 4,
-                        "borrowingLimit": 0,
-                        "lendingLimit": 0,
-                    },
-                    {"name": "nvidia.com/mig-1g.10gb", "nominalQuota": 14, "borrowingLimit": 7},
-                    {"name": "nvidia.com/mig-3g.40gb", "nominalQuota": 2, "borrowingLimit": 0},
-                ],
-            )
+        training(
+            quota(nominalQuota=4, borrowingLimit=0, lendingLimit=0),
+            quota("nvidia.com/mig-1g.10gb", nominalQuota=14, borrowingLimit=7),
+            quota("nvidia.com/mig-3g.40gb", nominalQuota=2, borrowingLimit=0),
         ),
         id="MIG profiles are resources of their own, whole GPUs first, then by size",
     ),
@@ -159,15 +135,15 @@ CASES = [
             (
                 "training-nvidia-h100-80gb-hbm3",
                 [
-                    {"name": "nvidia.com/gpu", "nominalQuota": 4, "borrowingLimit": 0},
-                    {"name": "nvidia.com/mig-1g.10gb", "nominalQuota": 7, "borrowingLimit": 0},
+                    quota(nominalQuota=4, borrowingLimit=0),
+                    quota("nvidia.com/mig-1g.10gb", nominalQuota=7, borrowingLimit=0),
                 ],
             ),
             (
                 "training-nvidia-h200",
                 [
-                    {"name": "nvidia.com/gpu", "nominalQuota": 8, "borrowingLimit": 8},
-                    {"name": "nvidia.com/mig-1g.10gb", "nominalQuota": 0, "borrowingLimit": 0},
+                    quota(nominalQuota=8, borrowingLimit=8),
+                    quota("nvidia.com/mig-1g.10gb", nominalQuota=0, borrowingLimit=0),
                 ],
             ),
         ),

@@ -123,26 +123,7 @@ def test_a_flavor_no_tier_wants_is_deleted_only_once_no_queue_names_it(env):
         "metadata": {"name": env.name("old"), "labels": {lbl.MANAGED_BY: lbl.MANAGED_BY_VALUE}},
         "spec": {"nodeLabels": {lbl.TIER: env.name("old")}},
     }
-    queue = {
-        "apiVersion": env.api.api_version,
-        "kind": "ClusterQueue",
-        "metadata": {"name": env.name("user")},
-        "spec": {
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["nvidia.com/gpu"],
-                    "flavors": [
-                        {
-                            "name": env.name("old"),
-                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 1}],
-                        }
-                    ],
-                }
-            ],
-        },
-    }
-    env.plane.apply([old, queue])
+    env.plane.apply([old, env.foreign_cluster_queue("user", env.name("old"), 1)])
     tiering.run_once(service)
     report = service.kueue.last_report
     assert report.kept[env.name("old")] == [env.name("user")]
