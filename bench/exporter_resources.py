@@ -46,7 +46,7 @@ from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kubelet import TestKubelet
-from nodeagent_exporters.component import MetricsExporter, build
+from nodeagent_exporters.component import SCRAPES_KEPT, MetricsExporter, build
 
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 WARM_UP_S = 5.0
@@ -132,12 +132,13 @@ def measure(
     and with ``names_file`` the CPU % per thread name.
 
     Scrapes start at once, as Prometheus scrapes a target from the moment it is up; the window
-    starts after a warm-up (imports, first renders, registration, the first kubelet poll) long
-    enough for two scrapes, so that the agent knows the scrape cadence it renders ahead for.
+    starts after a warm-up (imports, first renders, registration, the first kubelet poll) of
+    as many regular scrapes as the agent keeps to learn the cadence it renders ahead for, so
+    that the benchmark's own checks (ad-hoc scrapes) have left its memory.
     """
     proc = psutil.Process(child.pid)
     started = time.monotonic()
-    window_starts = started + WARM_UP_S + 2 * scrape_interval
+    window_starts = started + WARM_UP_S + SCRAPES_KEPT * scrape_interval
     threads0: dict[int, float] = {}
     cpu0 = proc.cpu_times()
     wall0 = window_starts
