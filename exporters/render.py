@@ -306,21 +306,22 @@ class Renderer:
         Called for every snapshot, so that counters miss no pass and :attr:`processes`,
         :attr:`shared` and the capacity stay current whether or not anyone scrapes.
         """
+        return self._observation(snapshot).capacity
+
+    def _observation(self, snapshot: NodeSnapshot) -> _Observed:
         if self._observed is not None and self._observed.snapshot is snapshot:
-            return self._observed.capacity
+            return self._observed
         for function, count in snapshot.nvml_errors.items():
             self._nvml_errors[function] = self._nvml_errors.get(function, 0) + count
         allocations = self.sources.allocations()
         self._attribute(snapshot, allocations)
         self._observed = self._capacity(snapshot, allocations)
-        return self._observed.capacity
+        return self._observed
 
     def render(self, snapshot: NodeSnapshot, generation: int = 0) -> Rendered:
         """Render ``snapshot`` (observed first if it was not)."""
         started = time.perf_counter()
-        self.observe(snapshot)
-        observed = self._observed
-        assert observed is not None  # set by observe
+        observed = self._observation(snapshot)
         families = _Families()
         self._fill(families, observed)
         families.add("nodeagent_render_duration_seconds", (), self._last_render_s)
