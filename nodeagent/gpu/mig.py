@@ -275,15 +275,16 @@ class MigControl:
         self._ci_profiles[key] = result
         return result
 
-    def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[list[Any]]:
-        """The GPU instances' handles, one list per profile that can have any."""
+    def _gpu_instance_handles(self, index: int, geometry: MigGeometry) -> list[Any]:
+        """The handles of the GPU's GPU instances, of every profile."""
         h = self._nvml.handle(index)
         return [
-            self._instances(
-                index, "nvmlDeviceGetGpuInstances", h, profile.profile_id, profile.max_count
-            )
+            gi
             for profile in geometry.profiles
             if profile.max_count > 0
+            for gi in self._instances(
+                index, "nvmlDeviceGetGpuInstances", h, profile.profile_id, profile.max_count
+            )
         ]
 
     def _instances(
@@ -333,7 +334,7 @@ class MigControl:
         names = {p.profile_id: p.name for p in geometry.profiles}
         uuids = self._mig_device_uuids(index)
         instances: list[GpuInstance] = []
-        for gi in (gi for same in self._gpu_instance_handles(index, geometry) for gi in same):
+        for gi in self._gpu_instance_handles(index, geometry):
             info = self._nvml.call("nvmlGpuInstanceGetInfo", gi, gpu=index)
             gi_id, profile_id = int(info.id), int(info.profileId)
             cis = self._read_compute_instances(index, gi, gi_id, profile_id, uuids)
