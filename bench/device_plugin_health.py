@@ -10,7 +10,6 @@ which isolates the plugin's own share. Target: under 100 ms for the plugin's sha
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 
 from device_plugin_common import quantiles_ms, running, table
@@ -19,6 +18,7 @@ from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
+from nodeagent.testing.events import pumping_events
 
 TS4 = {
     "pools": {"default": {"sharing": {"mode": "time-slicing", "replicas": 4}}},
@@ -49,19 +49,8 @@ def end_to_end(rounds: int) -> list[float]:
         model.on_snapshot(bench.node.snapshot())
         kubelet = bench.kubelet
         control = SimControl(bench.state_dir)
-        watcher = bench.node.watch_events()
-        stop = threading.Event()
-
-        def pump() -> None:
-            while not stop.is_set():
-                event = watcher.wait(0.01)
-                if event is not None:
-                    model.on_event(event)
-
-        thread = threading.Thread(target=pump, daemon=True)
-        thread.start()
         uuids = [g.info.uuid for g in bench.node.snapshot().gpus]
-        try:
+        with pumping_events(bench.node, model.on_event, poll_s=0.01):
             for i in range(rounds):
                 gpu = i % 8
                 kubelet.wait_devices("nvidia.com/gpu", _replicas_are(bench, uuids[gpu], "Healthy"))
@@ -75,10 +64,6 @@ def end_to_end(rounds: int) -> list[float]:
                 clock.now += 31.0
                 model.on_snapshot(bench.node.snapshot())
                 model.tick()
-        finally:
-            stop.set()
-            thread.join(2)
-            watcher.close()
     return samples
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from nodeagent.health.model import HealthModel
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
+from nodeagent.testing.events import pumping_events
 from nodeagent_device_plugin.health import HealthTracker
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
@@ -140,21 +140,10 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
 
     everything = [r for gpu in range(8) for r in replicas(gpu)]
     kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, everything, "Healthy"))
-    watcher = plugin.node.watch_events()
-    stop = threading.Event()
-
-    def pump() -> None:
-        while not stop.is_set():
-            event = watcher.wait(0.05)
-            if event is not None:
-                model.on_event(event)
-
-    thread = threading.Thread(target=pump, daemon=True)
-    thread.start()
     control = SimControl(sim_state_dir)
     faulted = range(1, 8)
     latencies = []
-    try:
+    with pumping_events(plugin.node, model.on_event):
         for gpu in faulted:
             before = len(view["nvidia.com/gpu"].lists)
             started = time.monotonic()
@@ -183,7 +172,3 @@ def test_injected_xid_through_the_real_health_model(run_plugin, sim_state_dir) -
         model.tick()
         kubelet.wait_devices("nvidia.com/gpu", lambda d: _all(d, everything, "Healthy"), 2.0)
         assert time.monotonic() - cleared >= 0.2  # the plugin's quiet period
-    finally:
-        stop.set()
-        thread.join(2)
-        watcher.close()
