@@ -163,10 +163,28 @@ def _capacity(array_ref: Any) -> int:
 def _store_items(array_ref: Any, items: list[Any]) -> None:
     target = _deref(array_ref)
     if isinstance(target, ctypes.Structure):
-        ctypes.memmove(ctypes.addressof(target), ctypes.addressof(items[0]), ctypes.sizeof(target))
+        if items:
+            ctypes.memmove(
+                ctypes.addressof(target), ctypes.addressof(items[0]), ctypes.sizeof(target)
+            )
         return
     for i, item in enumerate(items):
         target[i] = item
+
+
+def _fill_array(array_ref: Any, count_ref: Any, items: list[Any]) -> int:
+    """NVML's caller-allocated array protocol, as every ``Get...s(ref, count)`` call keeps it.
+
+    A NULL array asks for the count; an array too small for the items fails with
+    INSUFFICIENT_SIZE and the count it would need; otherwise the items are stored and counted.
+    """
+    if array_ref is not None:
+        if _capacity(array_ref) < len(items):
+            _set_count(count_ref, len(items))
+            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        _store_items(array_ref, items)
+    _set_count(count_ref, len(items))
+    return int(pynvml.NVML_SUCCESS)
 
 
 class SimNvml:
@@ -1240,15 +1258,8 @@ class SimNvml:
     def _fill_placements(
         placements: tuple[tuple[int, int], ...], struct: Any, array_ref: Any, count_ref: Any
     ) -> int:
-        if array_ref is None:
-            _set_count(count_ref, len(placements))
-            return int(pynvml.NVML_SUCCESS)
-        if _capacity(array_ref) < len(placements):
-            _set_count(count_ref, len(placements))
-            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        _store_items(array_ref, [struct(start, size) for start, size in placements])
-        _set_count(count_ref, len(placements))
-        return int(pynvml.NVML_SUCCESS)
+        items = [struct(start, size) for start, size in placements]
+        return _fill_array(array_ref, count_ref, items)
 
     # --- GPU instances ----------------------------------------------------------------------
     def nvmlDeviceCreateGpuInstance(self, device: Any, profileId: int) -> Any:
@@ -1293,18 +1304,12 @@ class SimNvml:
         _, gpu = self._gpu(device)
         ops.require_mig_enabled(gpu)
         self._profile_by_id(gpu, profileId)
-        found = [gi for gi in gpu["instances"] if gi["profile_id"] == profileId]
-        if gpuInstancesRef is None:
-            _set_count(countRef, len(found))
-            return int(pynvml.NVML_SUCCESS)
-        if _capacity(gpuInstancesRef) < len(found):
-            _set_count(countRef, len(found))
-            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        target = _deref(gpuInstancesRef)
-        for i, gi in enumerate(found):
-            target[i] = self._gi_handle(gpu["index"], gi)
-        _set_count(countRef, len(found))
-        return int(pynvml.NVML_SUCCESS)
+        found = [
+            self._gi_handle(gpu["index"], gi)
+            for gi in gpu["instances"]
+            if gi["profile_id"] == profileId
+        ]
+        return _fill_array(gpuInstancesRef, countRef, found)
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
         """Handle of GI ``gpuInstanceId``; NOT_FOUND when there is none."""
@@ -1440,18 +1445,12 @@ class SimNvml:
         """Fill a caller-allocated ``c_nvmlComputeInstance_t`` array with the profile's CIs."""
         _, gpu, gi = self._gi(gpuInstance)
         self._ci_profile(gpu, gi, profileId)
-        found = [ci for ci in gi["cis"] if ci["profile_id"] == profileId]
-        if computeInstancesRef is None:
-            _set_count(countRef, len(found))
-            return int(pynvml.NVML_SUCCESS)
-        if _capacity(computeInstancesRef) < len(found):
-            _set_count(countRef, len(found))
-            raise _err(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-        target = _deref(computeInstancesRef)
-        for i, ci in enumerate(found):
-            target[i] = self._ci_handle(gpu["index"], gi, ci)
-        _set_count(countRef, len(found))
-        return int(pynvml.NVML_SUCCESS)
+        found = [
+            self._ci_handle(gpu["index"], gi, ci)
+            for ci in gi["cis"]
+            if ci["profile_id"] == profileId
+        ]
+        return _fill_array(computeInstancesRef, countRef, found)
 
     def nvmlGpuInstanceGetComputeInstanceById(
         self, gpuInstance: Any, computeInstanceId: int
