@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from nodeagent.atomicfile import write_json_atomic
 
@@ -23,7 +24,6 @@ log = logging.getLogger(__name__)
 
 FILE = "checkpoint.json"
 VERSION = 1
-_T = TypeVar("_T")
 
 
 def checkpoint_path(state_dir: Path) -> Path:
@@ -31,43 +31,16 @@ def checkpoint_path(state_dir: Path) -> Path:
     return state_dir / "dra" / FILE
 
 
-def _plain_json(record: MigIntent | MpsRecord) -> dict[str, Any]:
-    """A record of plain values as JSON: each field under its name, ``gpu_index`` as "gpu"."""
-    return {
-        ("gpu" if f.name == "gpu_index" else f.name): getattr(record, f.name)
-        for f in fields(record)
-    }
-
-
-def _optional(convert: Callable[[Any], _T], value: Any) -> _T | None:
-    """``value`` read back with ``convert``; None stays None."""
-    return None if value is None else convert(value)
-
-
 @dataclass(frozen=True, slots=True)
 class MigIntent:
     """A MIG instance the plugin makes (or made) for a claim's device."""
 
-    gpu_index: int
+    gpu_index: Annotated[int, Field(alias="gpu")]
     profile: str
     start: int
     size: int
     instance_id: int | None = None  # set once created
     uuid: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return _plain_json(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> MigIntent:
-        return cls(
-            int(d["gpu"]),
-            str(d["profile"]),
-            int(d["start"]),
-            int(d["size"]),
-            _optional(int, d.get("instance_id")),
-            _optional(str, d.get("uuid")),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,21 +48,9 @@ class MpsRecord:
     """The MPS control daemon a device of an MPS claim needs (rebuilt from here at restart)."""
 
     uuid: str  # the GPU or MIG device the daemon serves
-    gpu_index: int
+    gpu_index: Annotated[int, Field(alias="gpu")]
     active_thread_percentage: int | None = None
     pinned_memory_limit_mib: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return _plain_json(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> MpsRecord:
-        return cls(
-            str(d["uuid"]),
-            int(d["gpu"]),
-            _optional(int, d.get("active_thread_percentage")),
-            _optional(int, d.get("pinned_memory_limit_mib")),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,60 +65,44 @@ class PreparedDevice:
     share_id: str | None = None
     mps: MpsRecord | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requests": list(self.requests),
-            "pool": self.pool,
-            "device": self.device,
-            "cdi_ids": list(self.cdi_ids),
-            "mig": self.mig.to_json() if self.mig else None,
-            "share_id": self.share_id,
-            "mps": self.mps.to_json() if self.mps else None,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PreparedDevice:
-        return cls(
-            tuple(str(r) for r in d.get("requests", [])),
-            str(d["pool"]),
-            str(d["device"]),
-            tuple(str(c) for c in d.get("cdi_ids", [])),
-            MigIntent.from_json(d["mig"]) if d.get("mig") else None,
-            _optional(str, d.get("share_id")),
-            MpsRecord.from_json(d["mps"]) if d.get("mps") else None,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class ClaimRecord:
     """A claim the plugin prepares (``prepared`` False while its devices are being made)."""
 
-    uid: str
+    uid: Annotated[str, Field(exclude=True)]  # the key of the claim in the file
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
     prepared: bool = False
     since_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "name": self.name,
-            "devices": [d.to_json() for d in self.devices],
-            "prepared": self.prepared,
-            "since_s": self.since_s,
-        }
 
-    @classmethod
-    def from_json(cls, uid: str, d: dict[str, Any]) -> ClaimRecord:
-        return cls(
-            uid,
-            str(d["namespace"]),
-            str(d["name"]),
-            tuple(PreparedDevice.from_json(x) for x in d.get("devices", [])),
-            bool(d.get("prepared", False)),
-            float(d.get("since_s", 0.0)),
+# The file's claims, uid -> record (the uid is the key, not repeated inside). pydantic reads and
+# writes the records field by field, under the aliases the file has always used ("gpu").
+_CLAIMS = TypeAdapter(dict[str, ClaimRecord])
+
+
+def _read(path: Path) -> dict[str, ClaimRecord]:
+    """The claims in ``path``; OSError, or ValueError naming what is wrong with the file."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != VERSION:
+        raise ValueError(f"version {version!r}, expected {VERSION}")
+    if not isinstance(raw.get("claims"), dict):
+        raise ValueError("no claims map")
+    try:
+        return _CLAIMS.validate_python(
+            {
+                uid: {**record, "uid": uid} if isinstance(record, dict) else record
+                for uid, record in raw["claims"].items()
+            }
         )
+    except ValidationError as exc:  # one line for the log: where the first problem is, and what
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in ("claims", *first["loc"]))
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ValueError(f"{where}: {first['msg']}{more}") from None
 
 
 @dataclass
@@ -171,13 +116,10 @@ class Checkpoint:
     def load(cls, path: Path) -> Checkpoint:
         """Read ``path``; a missing file is empty, an unreadable one is set aside and logged."""
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            if raw.get("version") != VERSION:
-                raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
-            claims = {uid: ClaimRecord.from_json(uid, d) for uid, d in raw["claims"].items()}
+            claims = _read(path)
         except FileNotFoundError:
             return cls(path)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError) as exc:
             aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
             path.replace(aside)
             log.error("DRA checkpoint %s is unusable (%s); set aside as %s", path, exc, aside)
@@ -215,19 +157,22 @@ class Checkpoint:
     def _write(self) -> None:
         write_json_atomic(
             self.path,
-            {"version": VERSION, "claims": {u: r.to_json() for u, r in self.claims.items()}},
+            {
+                "version": VERSION,
+                "claims": _CLAIMS.dump_python(self.claims, mode="json", by_alias=True),
+            },
         )
 
 
 def read_managed(state_dir: Path) -> frozenset[tuple[int, str, int]]:
     """(GPU index, profile, start) of the MIG instances the plugin made (for ``dra slices``)."""
     try:
-        raw = json.loads(checkpoint_path(state_dir).read_text(encoding="utf-8"))
-        return frozenset(
-            (int(d["mig"]["gpu"]), str(d["mig"]["profile"]), int(d["mig"]["start"]))
-            for c in raw["claims"].values()
-            for d in c.get("devices", [])
-            if d.get("mig")
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        claims = _read(checkpoint_path(state_dir))
+    except (OSError, ValueError):
         return frozenset()
+    return frozenset(
+        (d.mig.gpu_index, d.mig.profile, d.mig.start)
+        for c in claims.values()
+        for d in c.devices
+        if d.mig is not None
+    )
