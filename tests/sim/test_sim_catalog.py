@@ -111,28 +111,13 @@ def test_profile_info_through_nvml(make_sim: Callable[..., SimNvml], key, preset
 
 
 @pytest.mark.parametrize(
-    ("key", "name", "mib", "device_id", "cc"),
-    [
-        pytest.param("a100-40", "NVIDIA A100-SXM4-40GB", 40960, 0x20B010DE, (8, 0), id="a100-40"),
-        pytest.param("a100-80", "NVIDIA A100-SXM4-80GB", 81920, 0x20B210DE, (8, 0), id="a100-80"),
-        pytest.param("a30", "NVIDIA A30", 24576, 0x20B710DE, (8, 0), id="a30"),
-        pytest.param("h100-80", "NVIDIA H100 80GB HBM3", 81559, 0x233010DE, (9, 0), id="h100"),
-        pytest.param("h100-nvl", "NVIDIA H100 NVL", 95830, 0x232110DE, (9, 0), id="h100-nvl"),
-        pytest.param("h200", "NVIDIA H200", 143771, 0x233510DE, (9, 0), id="h200"),
-        pytest.param("l40s", "NVIDIA L40S", 46068, 0x26B910DE, (8, 9), id="l40s"),
-        pytest.param("t4", "Tesla T4", 15360, 0x1EB810DE, (7, 5), id="t4"),
-        pytest.param("h100-pcie", "NVIDIA H100 PCIe", 81559, 0x233110DE, (9, 0), id="h100-pcie"),
-        pytest.param("h200-nvl", "NVIDIA H200 NVL", 143771, 0x233B10DE, (9, 0), id="h200-nvl"),
-        pytest.param("gh200", "NVIDIA GH200 480GB", 97871, 0x234210DE, (9, 0), id="gh200"),
-        pytest.param("b200", "NVIDIA B200", 183359, 0x290110DE, (10, 0), id="b200"),
-        pytest.param("gb200", "NVIDIA GB200", 189471, 0x294110DE, (10, 0), id="gb200"),
-    ],
+    ("key", "product"), PUBLISHED["products"].items(), ids=list(PUBLISHED["products"])
 )
-def test_model_facts(key, name, mib, device_id, cc):
+def test_model_facts(key, product):
     model = models.model(key)
-    assert (model.name, model.memory_mib, model.pci_device_id, model.compute_capability) == (
-        name, mib, device_id, cc)  # fmt: skip
-    assert model.mig_capable == (key not in ("l40s", "t4"))
+    got = (model.name, model.memory_mib, model.pci_device_id, model.compute_capability)
+    assert got == (product["name"], product["mib"], product["device_id"], tuple(product["cc"]))
+    assert model.mig_capable == product["mig"]
 
 
 @pytest.mark.parametrize(
@@ -255,53 +240,20 @@ def test_the_catalog_finds_each_mig_model_by_its_pci_id_and_memory(key):
     assert model.mig.key == key
 
 
-MIG_FILE = Path(migcatalog.__file__).with_name("migcatalog.yaml").read_text()
-MODELS_FILE = Path(models.__file__).with_name("models.yaml").read_text()
+# The catalog files as shipped, each with its reader, to break one key at a time.
+CATALOG_FILES = {
+    "mig": (migcatalog.read_catalog, Path(migcatalog.__file__).with_name("migcatalog.yaml")),
+    "models": (models.read_catalog, Path(models.__file__).with_name("models.yaml")),
+}
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "message"),
-    [
-        pytest.param("gib: [4.75, 9.62, 19.50, 39.25]", "gib: [4.75, 9.62, 19.50]",
-                     r"models\.a100-40\.eight_slice\.gib\.3: Field required", id="short-row"),
-        pytest.param("    memory_mib: 40960", "    memroy_mib: 40960",
-                     r"models\.a100-40\.memroy_mib: Extra inputs", id="unknown-key"),
-        pytest.param("memory_mib: 40960", "memory_mib: '40960'",
-                     r"models\.a100-40\.memory_mib: Input should be a valid integer", id="type"),
-        pytest.param("sms: a100", "sms: a10", r"models\.a100-40\.eight_slice\.sms: no sms row",
-                     id="unknown-shared-row"),
-        pytest.param('"{ug_a100}"', '"{ug_a10}"',
-                     r"models\.a100-40\.sources\.profiles: cites \['ug_a10'\]", id="reference"),
-        pytest.param("nvml_index: 1_SLICE,", "nvml_index: 1_SLIC,",
-                     r"models\.a30\.profiles\.0\.nvml_index: .*not a pynvml constant",
-                     id="index-constant"),
-        pytest.param("      placements: \"UG lgipp on A100-SXM4-40GB\"\n", "",
-                     r"models\.a100-40: .*sources lacks \['placements'\]", id="missing-source"),
-        pytest.param("    memory_slices: 4\n", "",
-                     r"models\.a30: .*either eight_slice", id="half-a-geometry"),
-        pytest.param("references:", "references: [", "not valid YAML", id="yaml"),
-    ],
-)  # fmt: skip
-def test_a_malformed_mig_catalog_names_the_file_and_key(old, new, message):
-    assert old in MIG_FILE
-    with pytest.raises(migcatalog.CatalogError, match=rf"^bad\.yaml: .*{message}"):
-        migcatalog.read_catalog("bad.yaml", MIG_FILE.replace(old, new, 1))
+MALFORMED = yaml.safe_load((Path(__file__).parent / "malformed_catalogs.yaml").read_text())
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "message"),
-    [
-        pytest.param("reserved_mib: 571", "reserved_mib: 571.0",
-                     r"models\.a100-40\.reserved_mib: Input should be a valid integer", id="type"),
-        pytest.param("compute_capability: [8, 0]", "compute_capability: [8]",
-                     r"models\.a100-40\.compute_capability\.1: Field required", id="short-row"),
-        pytest.param("  t4:\n", "  t4:\n    mig: true\n",
-                     r"models\.t4\.mig: Extra inputs", id="unknown-key"),
-        pytest.param("  a30:\n", "  a30x:\n", r"no entry for the MIG models \['a30'\]",
-                     id="mig-model-without-product"),
-    ],
-)  # fmt: skip
-def test_a_malformed_model_catalog_names_the_file_and_key(old, new, message):
-    assert old in MODELS_FILE
-    with pytest.raises(migcatalog.CatalogError, match=rf"^bad\.yaml: .*{message}"):
-        models.read_catalog("bad.yaml", MODELS_FILE.replace(old, new, 1))
+@pytest.mark.parametrize("case", MALFORMED, ids=[case["id"] for case in MALFORMED])
+def test_a_malformed_catalog_file_names_the_file_and_key(case):
+    read, path = CATALOG_FILES[case["file"]]
+    text = path.read_text()
+    assert case["old"] in text
+    with pytest.raises(migcatalog.CatalogError, match=rf"^bad\.yaml: .*{case['message']}"):
+        read("bad.yaml", text.replace(case["old"], case["new"], 1))
