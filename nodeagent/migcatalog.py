@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.resources import files
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, Self, TypeVar
 
 import pynvml
 import yaml
@@ -311,6 +311,22 @@ class CatalogSchema(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+class SourcedEntry(CatalogSchema):
+    """A catalog entry that names where its facts come from: ``required_facts`` at least."""
+
+    required_facts: ClassVar[tuple[str, ...]] = ()
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_fact_sourced(self) -> Self:
+        missing = [fact for fact in self.required_facts if fact not in self.sources]
+        if missing:
+            raise ValueError(f"sources lacks {missing}")
+        return self
+
+
+# The facts every model names a source for.
+FACTS = ("pci_ids", "profiles", "profile_memory", "placements", "ci_profiles")
 Generation = Literal["ampere", "hopper", "blackwell"]
 _Ints = Annotated[tuple[int, ...], Strict(False), Field(min_length=1)]
 _Engines = Annotated[tuple[int, int, int, int], Strict(False)]
@@ -355,7 +371,9 @@ class _Variant(CatalogSchema):
     memory_mib: int | None = None
 
 
-class _MigEntry(CatalogSchema):
+class _MigEntry(SourcedEntry):
+    required_facts = FACTS
+
     pci_device_ids: _Ints
     memory_mib: int
     eight_slice: _EightSlice | None = None
@@ -363,7 +381,6 @@ class _MigEntry(CatalogSchema):
     generation: Generation | None = None
     profiles: Annotated[tuple[_ProfileRow, ...], Strict(False)] = ()
     driver_variants: Annotated[tuple[_Variant, ...], Strict(False)] = ()
-    sources: dict[str, str]
 
     @model_validator(mode="after")
     def _one_geometry(self) -> _MigEntry:
@@ -375,9 +392,6 @@ class _MigEntry(CatalogSchema):
         given = [name for name, value in explicit.items() if value]
         if given != ([] if self.eight_slice else list(explicit)):
             raise ValueError("give either eight_slice, or memory_slices, generation and profiles")
-        missing = [fact for fact in FACTS if fact not in self.sources]
-        if missing:
-            raise ValueError(f"sources lacks {missing}")
         return self
 
 
@@ -418,31 +432,16 @@ def _mig_model(file: str, catalog: _MigFile, key: str, entry: _MigEntry) -> MigM
     for row in entry.profiles:
         index = getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{row.nvml_index}")
         ce, dec, jpg, ofa = row.engines
+        fields = row.model_dump(exclude={"nvml_index", "engines"})
+        ci = _ci_table(index, row.compute_slices, entry.generation)
         rows.append(
             GiProfile(
-                name=row.name,
-                profile_id=row.profile_id,
-                nvml_index=index,
-                slices=row.slices,
-                compute_slices=row.compute_slices,
-                multiprocessors=row.multiprocessors,
-                memory_mib=row.memory_mib,
-                max_count=row.max_count,
-                copy_engines=ce,
-                decoders=dec,
-                jpeg=jpg,
-                ofa=ofa,
-                starts=row.starts,
-                ci=_ci_table(index, row.compute_slices, entry.generation),
+                **fields, nvml_index=index, copy_engines=ce, decoders=dec, jpeg=jpg, ofa=ofa, ci=ci
             )
         )
     return MigModel(
         key, entry.pci_device_ids, entry.memory_mib, entry.memory_slices, tuple(rows), variants
     )
-
-
-# The facts every model names a source for.
-FACTS = ("pci_ids", "profiles", "profile_memory", "placements", "ci_profiles")
 
 
 def read_catalog(file: str, text: str) -> tuple[dict[str, MigModel], dict[str, dict[str, str]]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Annotated, Literal
 
-from pydantic import Strict, model_validator
+from pydantic import Strict
 
 from nodeagent import migcatalog
 from nodeagent.migcatalog import (
@@ -35,6 +35,7 @@ from nodeagent.migcatalog import (
     CiProfile,
     GiProfile,
     MigModel,
+    SourcedEntry,
     expand_references,
     parse_catalog,
 )
@@ -121,9 +122,15 @@ class GpuModel:
 
 # --- the catalog file (models.yaml) ------------------------------------------------------------
 
+# The facts every model names a source for, and those only MIG-capable ones have.
+FACTS = ("identity", "memory", "reserved", "thresholds", "telemetry")
+MIG_FACTS = (*migcatalog.FACTS, "default_placement")
 
-class _ModelEntry(CatalogSchema):
+
+class _ModelEntry(SourcedEntry):
     """One model of models.yaml: the fields of :class:`GpuModel` but its key and MIG geometry."""
+
+    required_facts = FACTS
 
     name: str
     generation: Literal["ampere", "hopper", "blackwell", "ada", "turing"]
@@ -143,24 +150,11 @@ class _ModelEntry(CatalogSchema):
     max_mem_clock_mhz: int
     vbios: str
     row_remapping: bool = True
-    sources: dict[str, str]
-
-    @model_validator(mode="after")
-    def _every_fact_sourced(self) -> _ModelEntry:
-        missing = [fact for fact in FACTS if fact not in self.sources]
-        if missing:
-            raise ValueError(f"sources lacks {missing}")
-        return self
 
 
 class _ModelsFile(CatalogSchema):
     references: dict[str, str]
     models: dict[str, _ModelEntry]
-
-
-# The facts every model names a source for, and those only MIG-capable ones have.
-FACTS = ("identity", "memory", "reserved", "thresholds", "telemetry")
-MIG_FACTS = (*migcatalog.FACTS, "default_placement")
 
 
 def read_catalog(file: str, text: str) -> tuple[dict[str, GpuModel], dict[str, dict[str, str]]]:
