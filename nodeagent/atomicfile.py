@@ -11,11 +11,28 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+if TYPE_CHECKING:  # pydantic is imported by the readers that validate, not by every command
+    from pydantic import TypeAdapter, ValidationError
 
 _T = TypeVar("_T")
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or ``None`` when it does not exist.
+
+    Raises:
+        ValueError: the file exists but is not valid JSON (named in the message).
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
 def first_problem(exc: ValidationError, root: str = "") -> str:
@@ -36,6 +53,8 @@ def read_json_as(path: Path, schema: TypeAdapter[_T]) -> _T | None:
         OSError: the file cannot be read.
         ValueError: it is not valid JSON, or not what ``schema`` says (path, field, reason).
     """
+    from pydantic import ValidationError
+
     try:
         text = path.read_bytes()
     except FileNotFoundError:

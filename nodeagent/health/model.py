@@ -31,9 +31,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
 
 from nodeagent.atomicfile import read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
@@ -46,7 +46,6 @@ from nodeagent.health.score import (
     SavedScore,
     StabilityLevel,
     StabilityScore,
-    read_json,
 )
 from nodeagent.health.xids import Action, XidPolicy, strongest
 from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
@@ -127,39 +126,53 @@ class SavedHistory(BaseModel):
 _HISTORY = TypeAdapter(SavedHistory)
 
 
-def _field(d: Mapping[str, Any], key: str) -> Any:
-    if key not in d:
-        raise ValueError(f"missing {key!r}")
-    return d[key]
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
-def _number(d: Mapping[str, Any], key: str) -> float:
-    value = _field(d, key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{key!r} is {value!r}, not a finite number")
-    return float(value)
+def _known_level(level: StabilityLevel) -> StabilityLevel:
+    if level is StabilityLevel.UNKNOWN:
+        raise ValueError("it published no known level")
+    return level
 
 
-def _integer(d: Mapping[str, Any], key: str) -> int:
-    value = _field(d, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key!r} is {value!r}, not an integer")
-    return value
-
-
-def _text(d: Mapping[str, Any], key: str) -> str:
-    value = _field(d, key)
-    if not isinstance(value, str):
-        raise ValueError(f"{key!r} is {value!r}, not a string")
-    return value
-
-
-def _enum(kind: Any, d: Mapping[str, Any], key: str) -> Any:
-    value = _field(d, key)
+def _action(value: object) -> Action:
+    """A published action; one this version does not know asks for investigation."""
     try:
-        return kind(value)
-    except (ValueError, TypeError):
-        raise ValueError(f"{key!r} is {value!r}, not one of {[k.value for k in kind]}") from None
+        return Action(str(value))
+    except ValueError:
+        return Action.DRAIN_INVESTIGATE
+
+
+class _PublishedDevice(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    uuid: str
+    gpu: int
+    parent: str | None = None  # a MIG device's GPU: MIG devices follow their GPU
+    state: HealthState
+    reasons: tuple[str, ...] = ()
+    action: Annotated[Action, PlainValidator(_action)] = Action.NONE
+    since_s: _Finite
+
+
+class _PublishedStability(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    level: Annotated[StabilityLevel, AfterValidator(_known_level)]
+    score: _Finite
+
+
+class _PublishedStatus(BaseModel):
+    """What a restart takes from the status file the agent last published (statefile.to_json)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    timestamp_s: _Finite
+    stability: _PublishedStability
+    devices: tuple[_PublishedDevice, ...] = ()
+
+
+_PUBLISHED = TypeAdapter(_PublishedStatus)
 
 
 @dataclass
@@ -508,28 +521,31 @@ class HealthModel:
         if path is None:
             return
         try:
-            data = read_json(path)
-            if data is None:
-                return
-            published = _parse_status(data)
+            published = read_json_as(path, _PUBLISHED)
         except (OSError, ValueError) as exc:
             log.error("cannot start from the published health status %s: %s", path, exc)
             return
-        timestamp, level, score, devices = published
+        if published is None:
+            return
+        level, score = published.stability.level, published.stability.score
         if score > 0:
-            self.score.record(FaultRecord(timestamp, score, -1, "published before a restart"))
+            self.score.record(
+                FaultRecord(published.timestamp_s, score, -1, "published before a restart")
+            )
         self.score.score_level = level
-        for index, uuid, state, reasons, action, since in devices:
+        for d in published.devices:
+            if d.parent is not None or d.state is HealthState.HEALTHY:
+                continue
             fault = Fault(
-                index,
-                uuid,
+                d.gpu,
+                d.uuid,
                 None,
                 PUBLISHED_KEY,
-                state,
-                "; ".join(reasons) or state.value,
-                action,
-                since,
-                timestamp,
+                d.state,
+                "; ".join(d.reasons) or d.state.value,
+                d.action,
+                d.since_s,
+                published.timestamp_s,
                 self.config.recovery_quiet_s,
             )
             self._carry(fault)
@@ -773,50 +789,3 @@ def _same(a: HealthTransition, b: HealthTransition) -> bool:
 
 def _bounded(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-PublishedDevice = tuple[int, str, HealthState, tuple[str, ...], Action, float]
-
-
-def _parse_status(
-    data: Any,
-) -> tuple[float, StabilityLevel, float, list[PublishedDevice]]:
-    """(time, level, score, GPUs not healthy) of a published status file's content.
-
-    Raises:
-        ValueError: the content is not a status file (the message says why).
-    """
-    if not isinstance(data, dict) or not isinstance(data.get("stability"), dict):
-        raise ValueError("not a health status file")
-    timestamp = _number(data, "timestamp_s")
-    stability = data["stability"]
-    level = _enum(StabilityLevel, stability, "level")
-    if level is StabilityLevel.UNKNOWN:
-        raise ValueError("it published no known level")
-    score = _number(stability, "score")
-    devices = data.get("devices", [])
-    if not isinstance(devices, list):
-        raise ValueError("'devices' is not a list")
-    out: list[PublishedDevice] = []
-    for d in devices:
-        if not isinstance(d, dict) or d.get("parent") is not None:
-            continue  # MIG devices follow their GPU
-        state = _enum(HealthState, d, "state")
-        if state is HealthState.HEALTHY:
-            continue
-        reasons = d.get("reasons", [])
-        try:
-            action = Action(d.get("action", "none"))
-        except ValueError:
-            action = Action.DRAIN_INVESTIGATE
-        out.append(
-            (
-                _integer(d, "gpu"),
-                _text(d, "uuid"),
-                state,
-                tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
-                action,
-                _number(d, "since_s"),
-            )
-        )
-    return timestamp, level, score, out

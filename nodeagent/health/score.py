@@ -15,12 +15,10 @@ is *flapping* and counts as unstable until the count in the window falls below h
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -181,19 +179,3 @@ class StabilityScore:
         self.flapping = saved.flapping
         self.records = list(saved.records)
         self.transitions = deque(saved.transitions, maxlen=_MAX_TRANSITIONS)
-
-
-def read_json(path: Path) -> Any | None:
-    """The JSON in ``path``, or ``None`` when it does not exist.
-
-    Raises:
-        ValueError: the file exists but is not valid JSON (named in the message).
-    """
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc

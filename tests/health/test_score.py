@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
-from nodeagent.atomicfile import read_json_as, write_json_atomic
+from nodeagent.atomicfile import read_json, read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.health.score import (
     FaultRecord,
     SavedScore,
     StabilityLevel,
     StabilityScore,
-    read_json,
 )
 
 HOUR = 3600.0
