@@ -18,7 +18,7 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeagent.atomicfile import write_json_atomic
+from nodeagent.atomicfile import first_problem, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +98,8 @@ def _read(path: Path) -> dict[str, ClaimRecord]:
                 for uid, record in raw["claims"].items()
             }
         )
-    except ValidationError as exc:  # one line for the log: where the first problem is, and what
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in ("claims", *first["loc"]))
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ValueError(f"{where}: {first['msg']}{more}") from None
+    except ValidationError as exc:
+        raise ValueError(first_problem(exc, "claims")) from None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Atomic JSON files: a reader (or a crash) sees the old file or the new one, never half.
 
 Every state file of the project goes through here: the simulator's node, the MIG intent, the
-health history and status, the MIG reconciler's status.
+health history and status, the MIG reconciler's status. Files with a schema are read back
+through :func:`read_json_as`, so a damaged one is named with its first bad field.
 """
 
 from __future__ import annotations
@@ -10,7 +11,60 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # pydantic is imported by the readers that validate, not by every command
+    from pydantic import TypeAdapter, ValidationError
+
+_T = TypeVar("_T")
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or ``None`` when it does not exist.
+
+    Raises:
+        ValueError: the file exists but is not valid JSON (named in the message).
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+def first_problem(exc: ValidationError, root: str = "") -> str:
+    """pydantic's first error as one line, ``where: what`` (for a log line or a CLI error)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in (root, *first["loc"]) if part != "") or "(top)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def read_json_as(path: Path, schema: TypeAdapter[_T]) -> _T | None:
+    """The state file ``path`` validated by ``schema``, or ``None`` when there is no file.
+
+    Validated from the JSON text itself, so strict schemas keep JSON's types (an enum from its
+    value, a float from a number, never a string or a bool for a number).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not valid JSON, or not what ``schema`` says (path, field, reason).
+    """
+    from pydantic import ValidationError
+
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return schema.validate_json(text)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] == "json_invalid":
+            raise ValueError(f"{path}: not valid JSON ({exc.errors()[0]['msg']})") from None
+        raise ValueError(f"{path}: {first_problem(exc)}") from None
 
 
 def write_json_atomic(

@@ -20,7 +20,7 @@ Guaranteed quota is *backed* up to the healthy capacity; what is promised beyond
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
@@ -156,14 +156,8 @@ class Problem:
         return f"{', '.join(parts)}: {self.message}" if parts else self.message
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data for ``--json``."""
-        return {
-            "kind": self.kind,
-            "team": self.team,
-            "tier": self.tier,
-            "resource": self.resource,
-            "message": self.message,
-        }
+        """Plain data for ``--json``: every field under its name."""
+        return asdict(self)
 
 
 @dataclass

@@ -31,9 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
-from nodeagent.atomicfile import write_json_atomic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
+
+from nodeagent.atomicfile import read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.gpu.inventory import unknown_gpu_id
 from nodeagent.gpu.types import EventKind, GpuEvent, NodeSnapshot
@@ -41,9 +43,9 @@ from nodeagent.health.checks import NODE_WIDE_KEYS, Observation, SnapshotChecks
 from nodeagent.health.score import (
     HISTORY_VERSION,
     FaultRecord,
+    SavedScore,
     StabilityLevel,
     StabilityScore,
-    read_json,
 )
 from nodeagent.health.xids import Action, XidPolicy, strongest
 from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
@@ -86,99 +88,91 @@ def fault_weight(state: HealthState, action: Action) -> float:
 
 @dataclass
 class Fault:
-    """An active condition on one scope."""
+    """An active condition on one scope (in the history file under the short names)."""
 
-    gpu_index: int
-    gpu_uuid: str
-    gpu_instance_id: int | None
+    gpu_index: Annotated[int, Field(alias="gpu")]
+    gpu_uuid: Annotated[str, Field(alias="uuid")]
+    gpu_instance_id: Annotated[int | None, Field(alias="gi")]
     key: str
     state: HealthState
     reason: str
     action: Action
-    first_s: float
-    last_s: float
-    hold_s: float
+    first_s: Annotated[float, Field(alias="first", allow_inf_nan=False)]
+    last_s: Annotated[float, Field(alias="last", allow_inf_nan=False)]
+    hold_s: Annotated[float, Field(alias="hold", allow_inf_nan=False)]
     count: int = 1
-    saved_last_s: float = field(default=-math.inf, compare=False)  # last_s in the history file
+    # last_s as the history file has it (not written: what the file holds is last_s)
+    saved_last_s: Annotated[float, Field(exclude=True)] = field(default=-math.inf, compare=False)
 
     def expired(self, now_s: float) -> bool:
         """Whether the condition has been quiet for its whole hold time."""
         return now_s - self.last_s >= self.hold_s
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready form (for the history file)."""
-        return {
-            "gpu": self.gpu_index,
-            "uuid": self.gpu_uuid,
-            "gi": self.gpu_instance_id,
-            "key": self.key,
-            "state": self.state.value,
-            "reason": self.reason,
-            "action": self.action.value,
-            "first": self.first_s,
-            "last": self.last_s,
-            "hold": self.hold_s,
-            "count": self.count,
-        }
 
-    @classmethod
-    def from_json(cls, d: Any) -> Fault:
-        """Inverse of :meth:`to_json`.
+class SavedHistory(BaseModel):
+    """The history file: the score's state and the active faults (see the module doc).
 
-        Raises:
-            ValueError: ``d`` is not a fault as :meth:`to_json` writes it (the message says why).
-        """
-        if not isinstance(d, dict):
-            raise ValueError(f"a fault is {type(d).__name__}, not an object")
-        gi = d.get("gi")
-        return cls(
-            _integer(d, "gpu"),
-            _text(d, "uuid"),
-            None if gi is None else _integer(d, "gi"),
-            _text(d, "key"),
-            _enum(HealthState, d, "state"),
-            _text(d, "reason"),
-            _enum(Action, d, "action"),
-            _number(d, "first"),
-            _number(d, "last"),
-            _number(d, "hold"),
-            _integer(d, "count") if "count" in d else 1,
-        )
+    Strict: a damaged or hand-edited file is set aside with its first bad field named, never
+    half-read. Keys this version does not know (``saved_s``, for one) are ignored.
+    """
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    version: Literal[1]  # HISTORY_VERSION
+    score: SavedScore = SavedScore()
+    faults: tuple[Fault, ...] = ()
 
 
-def _field(d: Mapping[str, Any], key: str) -> Any:
-    if key not in d:
-        raise ValueError(f"missing {key!r}")
-    return d[key]
+_HISTORY = TypeAdapter(SavedHistory)
 
 
-def _number(d: Mapping[str, Any], key: str) -> float:
-    value = _field(d, key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{key!r} is {value!r}, not a finite number")
-    return float(value)
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
-def _integer(d: Mapping[str, Any], key: str) -> int:
-    value = _field(d, key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key!r} is {value!r}, not an integer")
-    return value
+def _known_level(level: StabilityLevel) -> StabilityLevel:
+    if level is StabilityLevel.UNKNOWN:
+        raise ValueError("it published no known level")
+    return level
 
 
-def _text(d: Mapping[str, Any], key: str) -> str:
-    value = _field(d, key)
-    if not isinstance(value, str):
-        raise ValueError(f"{key!r} is {value!r}, not a string")
-    return value
-
-
-def _enum(kind: Any, d: Mapping[str, Any], key: str) -> Any:
-    value = _field(d, key)
+def _action(value: object) -> Action:
+    """A published action; one this version does not know asks for investigation."""
     try:
-        return kind(value)
-    except (ValueError, TypeError):
-        raise ValueError(f"{key!r} is {value!r}, not one of {[k.value for k in kind]}") from None
+        return Action(str(value))
+    except ValueError:
+        return Action.DRAIN_INVESTIGATE
+
+
+class _PublishedDevice(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    uuid: str
+    gpu: int
+    parent: str | None = None  # a MIG device's GPU: MIG devices follow their GPU
+    state: HealthState
+    reasons: tuple[str, ...] = ()
+    action: Annotated[Action, PlainValidator(_action)] = Action.NONE
+    since_s: _Finite
+
+
+class _PublishedStability(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    level: Annotated[StabilityLevel, AfterValidator(_known_level)]
+    score: _Finite
+
+
+class _PublishedStatus(BaseModel):
+    """What a restart takes from the status file the agent last published (statefile.to_json)."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    timestamp_s: _Finite
+    stability: _PublishedStability
+    devices: tuple[_PublishedDevice, ...] = ()
+
+
+_PUBLISHED = TypeAdapter(_PublishedStatus)
 
 
 @dataclass
@@ -450,11 +444,14 @@ class HealthModel:
             moved = any(f.last_s != f.saved_last_s for f in self._faults.values())
             if not self.dirty and not (final and moved):
                 return
+            history = SavedHistory(
+                version=HISTORY_VERSION,
+                score=self.score.saved(),
+                faults=tuple(self._faults.values()),
+            )
             data = {
-                "version": HISTORY_VERSION,
                 "saved_s": self._clock(),
-                "score": self.score.to_json(),
-                "faults": [f.to_json() for f in self._faults.values()],
+                **_HISTORY.dump_python(history, mode="json", by_alias=True),
             }
             self.dirty = False
             for fault in self._faults.values():
@@ -470,17 +467,17 @@ class HealthModel:
     def _restore(self, path: Path) -> None:
         """Take the score and the active faults from the history file (see the module doc)."""
         try:
-            data = read_json(path)
-            if data is None and not path.exists():
-                self._restore_published()  # no history (first start, or it was removed)
-                return
-            score, faults = _parse_history(data)
+            history = read_json_as(path, _HISTORY)
         except (OSError, ValueError) as exc:
             self._set_aside(path, exc)
             self._restore_published()
             return
-        self.score.load_json(score)
+        if history is None:
+            self._restore_published()  # no history (first start, or it was removed)
+            return
+        self.score.restore(history.score)
         now = self._clock()
+        faults = [replace(f) for f in history.faults]  # the model's own, mutable copies
         for fault in faults:
             # What the file holds; the next sighting refreshes it by the usual rule.
             fault.saved_last_s = fault.last_s
@@ -524,28 +521,31 @@ class HealthModel:
         if path is None:
             return
         try:
-            data = read_json(path)
-            if data is None:
-                return
-            published = _parse_status(data)
+            published = read_json_as(path, _PUBLISHED)
         except (OSError, ValueError) as exc:
             log.error("cannot start from the published health status %s: %s", path, exc)
             return
-        timestamp, level, score, devices = published
+        if published is None:
+            return
+        level, score = published.stability.level, published.stability.score
         if score > 0:
-            self.score.record(FaultRecord(timestamp, score, -1, "published before a restart"))
+            self.score.record(
+                FaultRecord(published.timestamp_s, score, -1, "published before a restart")
+            )
         self.score.score_level = level
-        for index, uuid, state, reasons, action, since in devices:
+        for d in published.devices:
+            if d.parent is not None or d.state is HealthState.HEALTHY:
+                continue
             fault = Fault(
-                index,
-                uuid,
+                d.gpu,
+                d.uuid,
                 None,
                 PUBLISHED_KEY,
-                state,
-                "; ".join(reasons) or state.value,
-                action,
-                since,
-                timestamp,
+                d.state,
+                "; ".join(d.reasons) or d.state.value,
+                d.action,
+                d.since_s,
+                published.timestamp_s,
                 self.config.recovery_quiet_s,
             )
             self._carry(fault)
@@ -789,93 +789,3 @@ def _same(a: HealthTransition, b: HealthTransition) -> bool:
 
 def _bounded(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _parse_history(data: Any) -> tuple[dict[str, Any], list[Fault]]:
-    """The score state and faults of a history file's content.
-
-    Raises:
-        ValueError: the content is not a history of this version (the message says why).
-    """
-    if not isinstance(data, dict):
-        raise ValueError(f"the file holds {type(data).__name__}, not an object")
-    if data.get("version") != HISTORY_VERSION:
-        raise ValueError(f"unknown version {data.get('version')!r}")
-    score = data.get("score", {})
-    if not isinstance(score, dict):
-        raise ValueError("'score' is not an object")
-    records = score.get("records", [])
-    transitions = score.get("transitions", [])
-    if not isinstance(records, list) or not isinstance(transitions, list):
-        raise ValueError("'score.records' and 'score.transitions' must be lists")
-    for record in records:
-        if not isinstance(record, dict):
-            raise ValueError("a score record is not an object")
-        for check, key in ((_number, "t"), (_number, "w"), (_integer, "gpu"), (_text, "reason")):
-            check(record, key)
-    for t in transitions:
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
-            raise ValueError(f"a transition time is {t!r}")
-    level = score.get("score_level", "stable")
-    known = {lv.value for lv in StabilityLevel if lv is not StabilityLevel.UNKNOWN}
-    if not isinstance(level, str) or level not in known:
-        raise ValueError(f"'score.score_level' is {level!r}")
-    if "flapping" in score and not isinstance(score["flapping"], bool):
-        raise ValueError(f"'score.flapping' is {score['flapping']!r}")
-    faults = data.get("faults", [])
-    if not isinstance(faults, list):
-        raise ValueError("'faults' is not a list")
-    parsed = []
-    for i, raw in enumerate(faults):
-        try:
-            parsed.append(Fault.from_json(raw))
-        except ValueError as exc:
-            raise ValueError(f"fault {i}: {exc}") from None
-    return score, parsed
-
-
-PublishedDevice = tuple[int, str, HealthState, tuple[str, ...], Action, float]
-
-
-def _parse_status(
-    data: Any,
-) -> tuple[float, StabilityLevel, float, list[PublishedDevice]]:
-    """(time, level, score, GPUs not healthy) of a published status file's content.
-
-    Raises:
-        ValueError: the content is not a status file (the message says why).
-    """
-    if not isinstance(data, dict) or not isinstance(data.get("stability"), dict):
-        raise ValueError("not a health status file")
-    timestamp = _number(data, "timestamp_s")
-    stability = data["stability"]
-    level = _enum(StabilityLevel, stability, "level")
-    if level is StabilityLevel.UNKNOWN:
-        raise ValueError("it published no known level")
-    score = _number(stability, "score")
-    devices = data.get("devices", [])
-    if not isinstance(devices, list):
-        raise ValueError("'devices' is not a list")
-    out: list[PublishedDevice] = []
-    for d in devices:
-        if not isinstance(d, dict) or d.get("parent") is not None:
-            continue  # MIG devices follow their GPU
-        state = _enum(HealthState, d, "state")
-        if state is HealthState.HEALTHY:
-            continue
-        reasons = d.get("reasons", [])
-        try:
-            action = Action(d.get("action", "none"))
-        except ValueError:
-            action = Action.DRAIN_INVESTIGATE
-        out.append(
-            (
-                _integer(d, "gpu"),
-                _text(d, "uuid"),
-                state,
-                tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
-                action,
-                _number(d, "since_s"),
-            )
-        )
-    return timestamp, level, score, out

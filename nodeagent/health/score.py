@@ -15,14 +15,14 @@ is *flapping* and counts as unstable until the count in the window falls below h
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Final
 
-if TYPE_CHECKING:  # the config's models (pydantic) are not needed to read a history file
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # the config's models are not needed to read a history file
     from nodeagent.config.health import HealthSection
 
 # Records whose decayed weight fell below this are dropped: they no longer move the score.
@@ -30,7 +30,7 @@ _NEGLIGIBLE = 1e-3
 # A hard cap on remembered faults, so a pathological storm cannot grow the file without bound.
 _MAX_RECORDS = 5000
 _MAX_TRANSITIONS = 10000
-HISTORY_VERSION = 1
+HISTORY_VERSION: Final = 1
 
 
 class StabilityLevel(enum.StrEnum):
@@ -48,12 +48,33 @@ class StabilityLevel(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FaultRecord:
-    """One fault onset remembered by the score."""
+    """One fault onset remembered by the score (in the history file under the short names)."""
 
-    time_s: float  # wall clock when the fault began
-    weight: float  # severity weight (see weights in docs/health.md)
-    gpu_index: int
+    time_s: Annotated[float, Field(alias="t", allow_inf_nan=False)]  # wall clock of the onset
+    weight: Annotated[float, Field(alias="w", allow_inf_nan=False)]  # see docs/health.md
+    gpu_index: Annotated[int, Field(alias="gpu")]
     reason: str
+
+
+def _score_level(level: StabilityLevel) -> StabilityLevel:
+    if level is StabilityLevel.UNKNOWN:
+        raise ValueError("'unknown' is never the score's own level")
+    return level
+
+
+class SavedScore(BaseModel):
+    """The score's state as the history file keeps it.
+
+    Strict, as the whole history is: a damaged or hand-edited file fails with the field named
+    instead of being half-read. Keys this version does not know are ignored.
+    """
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    score_level: Annotated[StabilityLevel, AfterValidator(_score_level)] = StabilityLevel.STABLE
+    flapping: bool = False
+    records: tuple[FaultRecord, ...] = ()
+    transitions: tuple[Annotated[float, Field(allow_inf_nan=False)], ...] = ()
 
 
 class StabilityScore:
@@ -143,42 +164,18 @@ class StabilityScore:
             self.transitions.popleft()
 
     # --- persistence -------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The score's state as JSON-ready data."""
-        return {
-            "score_level": self.score_level.value,
-            "flapping": self.flapping,
-            "records": [
-                {"t": r.time_s, "w": r.weight, "gpu": r.gpu_index, "reason": r.reason}
-                for r in self.records
-            ],
-            "transitions": list(self.transitions),
-        }
-
-    def load_json(self, data: dict[str, Any]) -> None:
-        """Restore state written by :meth:`to_json` (unknown keys ignored)."""
-        self.score_level = StabilityLevel(data.get("score_level", "stable"))
-        self.flapping = bool(data.get("flapping", False))
-        self.records = [
-            FaultRecord(float(r["t"]), float(r["w"]), int(r["gpu"]), str(r["reason"]))
-            for r in data.get("records", [])
-        ]
-        self.transitions = deque(
-            (float(t) for t in data.get("transitions", [])), maxlen=_MAX_TRANSITIONS
+    def saved(self) -> SavedScore:
+        """The score's state for the history file."""
+        return SavedScore(
+            score_level=self.score_level,
+            flapping=self.flapping,
+            records=tuple(self.records),
+            transitions=tuple(self.transitions),
         )
 
-
-def read_json(path: Path) -> Any | None:
-    """The JSON in ``path``, or ``None`` when it does not exist.
-
-    Raises:
-        ValueError: the file exists but is not valid JSON (named in the message).
-    """
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    def restore(self, saved: SavedScore) -> None:
+        """Take the state :meth:`saved` wrote."""
+        self.score_level = saved.score_level
+        self.flapping = saved.flapping
+        self.records = list(saved.records)
+        self.transitions = deque(saved.transitions, maxlen=_MAX_TRANSITIONS)

@@ -11,8 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.atomicfile import write_json_atomic
-from nodeagent.health.score import read_json
+from nodeagent.atomicfile import read_json, write_json_atomic
 
 if TYPE_CHECKING:  # readers of the file (`nodeagent status`) need not load the model
     from nodeagent.health.model import NodeHealth

@@ -31,16 +31,23 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from nodeagent.atomicfile import write_json_atomic
+from pydantic import ConfigDict, Field, TypeAdapter
+
+from nodeagent.atomicfile import read_json_as, write_json_atomic
 from nodeagent.config.policy import RemediationPolicy
 from nodeagent.gpu.errors import GpuError
 from nodeagent.health.model import HealthModel
-from nodeagent.health.score import read_json
 from nodeagent.kube.events import EventRecorder
 from nodeagent.kube.node import KubeUnavailableError
 
 log = logging.getLogger(__name__)
+
+# The reset history file: the wall-clock times of the resets made, strictly numbers.
+_RESET_TIMES = TypeAdapter(
+    list[Annotated[float, Field(allow_inf_nan=False)]], config=ConfigDict(strict=True)
+)
 
 OUTPUT_TAIL_BYTES = 2048
 POLL_S = 1.0
@@ -84,14 +91,10 @@ class GpuValidator:
         if self.resets_file is None:
             return
         try:
-            kept = read_json(self.resets_file)
+            kept = read_json_as(self.resets_file, _RESET_TIMES)
             if kept is None:
                 return
-            if not isinstance(kept, list) or not all(
-                isinstance(t, (int, float)) and not isinstance(t, bool) for t in kept
-            ):
-                raise ValueError(f"{self.resets_file}: not a list of reset times")
-            self._resets.extend(sorted(float(t) for t in kept))
+            self._resets.extend(sorted(kept))
         except (OSError, ValueError) as exc:
             self._history_broken = f"the reset history is unusable ({exc}); fix or remove it"
             log.error("remediation: %s; GPU resets are refused until then", self._history_broken)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import TypeAdapter
 
-from nodeagent.atomicfile import write_json_atomic
+from nodeagent.atomicfile import read_json, read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.health.score import (
     FaultRecord,
+    SavedScore,
     StabilityLevel,
     StabilityScore,
-    read_json,
 )
 
 HOUR = 3600.0
@@ -91,12 +92,18 @@ def test_state_round_trips_through_an_atomic_file(tmp_path: Path) -> None:
     score.record(rec(0.0, 20.0))
     score.transition(5.0)
     path = tmp_path / "h" / "history.json"
-    write_json_atomic(path, score.to_json())
+    write_json_atomic(path, score.saved().model_dump(mode="json", by_alias=True))
     assert [p.name for p in path.parent.iterdir()] == ["history.json"]  # no temp file left
+    assert read_json(path) == {
+        "score_level": "unstable",
+        "flapping": False,
+        "records": [{"t": 0.0, "w": 20.0, "gpu": 0, "reason": "test"}],
+        "transitions": [5.0],
+    }
     again = StabilityScore(CFG)
-    data = read_json(path)
-    assert isinstance(data, dict)
-    again.load_json(data)
+    saved = read_json_as(path, TypeAdapter(SavedScore))
+    assert saved is not None
+    again.restore(saved)
     assert again.level(10.0) is StabilityLevel.UNSTABLE
     assert again.score(10.0) == pytest.approx(score.score(10.0))
 

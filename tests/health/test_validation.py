@@ -194,7 +194,8 @@ def test_the_reset_cap_holds_across_agent_restarts(rig: Rig, tmp_path: Path) -> 
     ("content", "problem"),
     [
         pytest.param("[17000", "not valid JSON", id="truncated"),
-        pytest.param('{"at": 1}', "not a list of reset times", id="wrong shape"),
+        pytest.param('{"at": 1}', "(top): Input should be a valid array", id="wrong shape"),
+        pytest.param('[17000, "17001"]', "1: Input should be a valid number", id="not a time"),
         pytest.param(None, "Not a directory", id="unreadable"),
         pytest.param("[]", "No space left on device", id="disk full"),
     ],
