@@ -5,15 +5,10 @@ MIG is disabled (the driver answers ``nvmlDeviceGetGpuInstanceProfileInfo*`` wit
 then, per nvml.h, so a layout could not be planned or validated before MIG is on), and the
 simulator serves them through its NVML surface. It sits below both and imports neither.
 
-The per-model facts are data, in ``migcatalog.yaml`` beside this module: one entry per model with
-its PCI ids, memory, the columns its profile rows follow from and where each fact comes from,
-read and checked once at import (a malformed file fails the import with :class:`CatalogError`,
-naming the file and the bad key). The rules that turn those columns into rows stay here: the
-profiles every 8-slice part shares, the name and MiB of a profile from its "<n>gb" and lgip GiB,
-the compute-instance table. Every model names its sources in :data:`SOURCES`: NVIDIA's MIG User
-Guide ("UG"), a public ``nvidia-smi mig -lgip/-lgipp`` output with its driver version where the
-output shows one, or ``inferred: <reason>``. ``tests/sim/test_sim_catalog.py`` pins the tables
-to those sources, against a copy of the published readings of its own.
+Pure data plus small lookups. Every table names where it comes from in :data:`SOURCES`: NVIDIA's
+MIG User Guide ("UG"), a public ``nvidia-smi mig -lgip/-lgipp`` output with its driver version
+where the output shows one, or ``inferred: <reason>``. ``tests/sim/test_sim_catalog.py`` pins the
+tables to those sources.
 
 Two integer spaces are kept apart here, as NVML keeps them apart:
 
@@ -25,23 +20,9 @@ Two integer spaces are kept apart here, as NVML keeps them apart:
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib.resources import files
-from typing import Annotated, ClassVar, Literal, Self, TypeVar
 
 import pynvml
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
 
 MIB = 1024 * 1024
 
@@ -260,208 +241,79 @@ def _eight_slice_profiles(
     )
 
 
-# --- the catalog file ----------------------------------------------------------------------------
+# Engines (CE, DEC, JPEG, OFA) per profile in lgip order.
+_A100_ENGINES = ((1, 0, 0, 0), (1, 1, 1, 1), (1, 1, 0, 0), (2, 1, 0, 0), (3, 2, 0, 0),
+                 (4, 2, 0, 0), (7, 5, 1, 1))  # fmt: skip
+_HOPPER_ENGINES = ((1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, 0),
+                   (4, 4, 4, 0), (8, 7, 7, 1))  # fmt: skip
+# Blackwell: 1g/1g+me/1g.2x/2g from lgip (mig-parted#166, gpu-operator#1303); 3g/4g/7g inferred
+# by scaling the 2g row (CE 2 per compute slice, as 2g shows) and 7g from Hopper's 7/7/1.
+_BLACKWELL_ENGINES = ((2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0), (6, 3, 3, 0),
+                      (8, 4, 4, 0), (16, 7, 7, 1))  # fmt: skip
+_A100_SMS = (14, 14, 14, 28, 42, 56, 98)
+_HOPPER_SMS = (16, 16, 26, 32, 60, 64, 132)  # 1g.2x has 26 SMs and 3g 60 (real lgip)
 
-
-class CatalogError(ValueError):
-    """A catalog data file that does not hold what its schema says: names the file and each key."""
-
-    def __init__(self, file: str, problems: Iterable[str]) -> None:
-        super().__init__(f"{file}: " + "; ".join(problems))
-
-
-_Schema = TypeVar("_Schema", bound=BaseModel)
-
-
-def parse_catalog(file: str, text: str, schema: type[_Schema]) -> _Schema:
-    """The YAML text of the catalog file ``file``, validated against ``schema``.
-
-    Raises :class:`CatalogError` naming the file and, for every bad value, its key path
-    (``models.a100-40.eight_slice.gib: ...``).
-    """
-    try:
-        return schema.model_validate(yaml.safe_load(text))
-    except yaml.YAMLError as exc:
-        raise CatalogError(file, [f"not valid YAML: {exc}"]) from None
-    except ValidationError as exc:
-        raise CatalogError(
-            file,
-            [f"{'.'.join(map(str, e['loc'])) or 'top level'}: {e['msg']}" for e in exc.errors()],
-        ) from None
-
-
-_REFERENCE = re.compile(r"\{(\w+)\}")
-
-
-def expand_references(file: str, where: str, text: str, references: Mapping[str, str]) -> str:
-    """``text`` with every ``{name}`` replaced by the reference of that name."""
-    unknown = sorted(set(_REFERENCE.findall(text)) - set(references))
-    if unknown:
-        raise CatalogError(file, [f"{where}: cites {unknown}, not in references"])
-    return _REFERENCE.sub(lambda m: references[m.group(1)], text)
-
-
-class CatalogSchema(BaseModel):
-    """A part of a catalog file: every key known, every value of its own type.
-
-    YAML sequences arrive as lists; the tuple fields take them (``Strict(False)`` on the tuple
-    alone), their items stay strict.
-    """
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class SourcedEntry(CatalogSchema):
-    """A catalog entry that names where its facts come from: ``required_facts`` at least."""
-
-    required_facts: ClassVar[tuple[str, ...]] = ()
-    sources: dict[str, str]
-
-    @model_validator(mode="after")
-    def _every_fact_sourced(self) -> Self:
-        missing = [fact for fact in self.required_facts if fact not in self.sources]
-        if missing:
-            raise ValueError(f"sources lacks {missing}")
-        return self
-
-
-# The facts every model names a source for.
-FACTS = ("pci_ids", "profiles", "profile_memory", "placements", "ci_profiles")
-Generation = Literal["ampere", "hopper", "blackwell"]
-_Ints = Annotated[tuple[int, ...], Strict(False), Field(min_length=1)]
-_Engines = Annotated[tuple[int, int, int, int], Strict(False)]
-_SevenSms = Annotated[Seven, Strict(False)]
-_SevenEngines = Annotated[
-    tuple[_Engines, _Engines, _Engines, _Engines, _Engines, _Engines, _Engines], Strict(False)
-]
-
-
-class _EightSlice(CatalogSchema):
-    gb: Annotated[tuple[int, int, int, int], Strict(False)]
-    gib: Annotated[BySize, Strict(False)]
-    sms: str | _SevenSms  # a row of the file's ``sms`` or the model's own seven
-    engines: str | _SevenEngines
-    generation: Generation
-
-
-class _ProfileRow(CatalogSchema):
-    name: str
-    profile_id: int
-    nvml_index: str  # NVML_GPU_INSTANCE_PROFILE_<nvml_index>
-    slices: int
-    compute_slices: int
-    multiprocessors: int
-    memory_mib: int
-    max_count: int
-    engines: _Engines
-    starts: _Ints
-
-    @field_validator("nvml_index")
-    @classmethod
-    def _known_constant(cls, value: str) -> str:
-        if not isinstance(getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{value}", None), int):
-            raise ValueError(f"NVML_GPU_INSTANCE_PROFILE_{value} is not a pynvml constant")
-        return value
-
-
-class _Variant(CatalogSchema):
-    branches: _Ints
-    profile_id: int
-    name: str | None = None
-    memory_mib: int | None = None
-
-
-class _MigEntry(SourcedEntry):
-    required_facts = FACTS
-
-    pci_device_ids: _Ints
-    memory_mib: int
-    eight_slice: _EightSlice | None = None
-    memory_slices: int | None = None
-    generation: Generation | None = None
-    profiles: Annotated[tuple[_ProfileRow, ...], Strict(False)] = ()
-    driver_variants: Annotated[tuple[_Variant, ...], Strict(False)] = ()
-
-    @model_validator(mode="after")
-    def _one_geometry(self) -> _MigEntry:
-        explicit = {
-            "memory_slices": self.memory_slices,
-            "generation": self.generation,
-            "profiles": self.profiles,
-        }
-        given = [name for name, value in explicit.items() if value]
-        if given != ([] if self.eight_slice else list(explicit)):
-            raise ValueError("give either eight_slice, or memory_slices, generation and profiles")
-        return self
-
-
-class _MigFile(CatalogSchema):
-    references: dict[str, str]
-    sms: dict[str, _SevenSms]
-    engines: dict[str, _SevenEngines]
-    models: dict[str, _MigEntry]
-
-
-_Row = TypeVar("_Row")
-
-
-def _shared(file: str, shared: Mapping[str, _Row], table: str, where: str, row: _Row | str) -> _Row:
-    """A model's own row, or the row of the file's ``table`` that it names."""
-    if not isinstance(row, str):
-        return row
-    if row not in shared:
-        raise CatalogError(file, [f"{where}: no {table} row {row!r}; known: {sorted(shared)}"])
-    return shared[row]
-
-
-def _mig_model(file: str, catalog: _MigFile, key: str, entry: _MigEntry) -> MigModel:
-    variants = tuple(
-        DriverVariant(frozenset(v.branches), v.profile_id, v.name, v.memory_mib)
-        for v in entry.driver_variants
-    )
-    if entry.eight_slice is not None:
-        e, where = entry.eight_slice, f"models.{key}.eight_slice"
-        sms = _shared(file, catalog.sms, "sms", f"{where}.sms", e.sms)
-        engines = _shared(file, catalog.engines, "engines", f"{where}.engines", e.engines)
-        profiles = _eight_slice_profiles(e.gb, e.gib, sms, engines, e.generation)
-        return MigModel(key, entry.pci_device_ids, entry.memory_mib, 8, profiles, variants)
-    # _one_geometry saw to these
-    assert entry.memory_slices is not None
-    assert entry.generation is not None
-    rows = []
-    for row in entry.profiles:
-        index = getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{row.nvml_index}")
-        ce, dec, jpg, ofa = row.engines
-        fields = row.model_dump(exclude={"nvml_index", "engines"})
-        ci = _ci_table(index, row.compute_slices, entry.generation)
-        rows.append(
-            GiProfile(
-                **fields, nvml_index=index, copy_engines=ce, decoders=dec, jpeg=jpg, ofa=ofa, ci=ci
-            )
-        )
-    return MigModel(
-        key, entry.pci_device_ids, entry.memory_mib, entry.memory_slices, tuple(rows), variants
-    )
-
-
-def read_catalog(file: str, text: str) -> tuple[dict[str, MigModel], dict[str, dict[str, str]]]:
-    """The models of a MIG catalog file, by key, and where each of their facts comes from."""
-    catalog = parse_catalog(file, text, _MigFile)
-    models = {key: _mig_model(file, catalog, key, e) for key, e in catalog.models.items()}
-    sources = {
-        key: {
-            fact: expand_references(file, f"models.{key}.sources.{fact}", say, catalog.references)
-            for fact, say in entry.sources.items()
-        }
-        for key, entry in catalog.models.items()
-    }
-    return models, sources
-
-
-MODELS, SOURCES = read_catalog(
-    "nodeagent/migcatalog.yaml",
-    files("nodeagent").joinpath("migcatalog.yaml").read_text(encoding="utf-8"),
+_H200_PROFILES = _eight_slice_profiles(
+    (18, 35, 71, 141), (16.00, 32.25, 69.50, 139.75), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"
 )
+
+# fmt: off
+# key, PCI device ids, total memory MiB, memory slices; the profiles from: the "<n>gb" and the
+# lgip GiB of instances of 1, 2, 4 and 8 slices, SMs and engines per profile, the generation.
+A100_40 = MigModel("a100-40", (0x20B010DE, 0x20F110DE), 40960, 8, _eight_slice_profiles(
+    (5, 10, 20, 40), (4.75, 9.62, 19.50, 39.25), _A100_SMS, _A100_ENGINES, "ampere"))
+A100_80 = MigModel("a100-80", (0x20B210DE, 0x20B510DE), 81920, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.50, 19.50, 39.25, 78.50), _A100_SMS, _A100_ENGINES, "ampere"),
+    # R535 and R545 name the 3g profile "3g.39gb" (mig-parted#31, lgip on 545.23.08).
+    driver_variants=(DriverVariant(frozenset({535, 545}), 9, name="3g.39gb"),))
+H100_80 = MigModel("h100-80", (0x233010DE,), 81559, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+# Inferred: the PCIe part has 114 SMs, not 132.
+H100_PCIE = MigModel("h100-pcie", (0x233110DE,), 81559, 8, _eight_slice_profiles(
+    (10, 20, 40, 80), (9.75, 19.62, 39.50, 79.25), (14, 14, 22, 28, 52, 56, 114),
+    _HOPPER_ENGINES, "hopper"))
+H100_NVL = MigModel("h100-nvl", (0x232110DE,), 95830, 8, _eight_slice_profiles(
+    (12, 24, 47, 94), (10.75, 21.62, 46.38, 93.12), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+H200 = MigModel("h200", (0x233510DE,), 143771, 8, _H200_PROFILES)
+H200_NVL = MigModel("h200-nvl", (0x233B10DE,), 143771, 8, _H200_PROFILES)
+# The H100 96GB of a GH200 superchip.
+GH200 = MigModel("gh200", (0x234210DE,), 97871, 8, _eight_slice_profiles(
+    (12, 24, 48, 96), (11.00, 22.12, 47.00, 94.50), _HOPPER_SMS, _HOPPER_ENGINES, "hopper"))
+B200 = MigModel("b200", (0x290110DE,), 183359, 8, _eight_slice_profiles(
+    (23, 45, 90, 180), (20.50, 44.25, 89.50, 178.50), (18, 18, 30, 36, 60, 72, 144),
+    _BLACKWELL_ENGINES, "blackwell"))
+GB200 = MigModel("gb200", (0x294110DE,), 189471, 8, _eight_slice_profiles(
+    (23, 47, 93, 186), (22.00, 45.50, 92.00, 184.00), (18, 18, 32, 38, 60, 76, 152),
+    _BLACKWELL_ENGINES, "blackwell"))
+# fmt: on
+
+# A30: 4 memory slices. Placements are from the go-nvml mock (not seen on hardware).
+_A30_S1 = (0, 1, 2, 3)
+_A30_S2 = (0, 2)
+A30 = MigModel(
+    key="a30",
+    pci_device_ids=(0x20B710DE,),
+    memory_mib=24576,
+    memory_slices=4,
+    profiles=(
+        GiProfile("1g.6gb", 14, _P1, 1, 1, 14, 5952, 4, 1, 0, 0, 0, _A30_S1,
+                  ci=_ci_table(_P1, 1, "ampere")),
+        GiProfile("1g.6gb+me", 21, _P1_ME, 1, 1, 14, 5952, 1, 1, 1, 1, 1, _A30_S1,
+                  ci=_ci_table(_P1_ME, 1, "ampere")),
+        GiProfile("2g.12gb", 5, _P2, 2, 2, 28, 11968, 2, 2, 2, 0, 0, _A30_S2,
+                  ci=_ci_table(_P2, 2, "ampere")),
+        GiProfile("2g.12gb+me", 6, _P2_ME, 2, 2, 28, 11968, 1, 2, 2, 1, 1, _A30_S2,
+                  ci=_ci_table(_P2_ME, 2, "ampere")),
+        GiProfile("4g.24gb", 0, _P4, 4, 4, 56, 24000, 1, 4, 4, 1, 1, (0,),
+                  ci=_ci_table(_P4, 4, "ampere")),
+    ),
+)  # fmt: skip
+
+MODELS: dict[str, MigModel] = {
+    m.key: m
+    for m in (A100_40, A100_80, A30, H100_80, H100_PCIE, H100_NVL, H200, H200_NVL, GH200, B200,
+              GB200)
+}  # fmt: skip
 
 # One SKU's total moves by a few MiB between drivers; SKUs that share a device ID differ by
 # whole memory stacks (tens of percent), so 2 % tells them apart without rejecting a driver's
@@ -483,3 +335,131 @@ def lookup(pci_device_id: int, memory_mib: int) -> MigModel | None:
         and abs(memory_mib - m.memory_mib) <= m.memory_mib * MEMORY_TOLERANCE
     ]
     return min(candidates, key=lambda m: abs(memory_mib - m.memory_mib), default=None)
+
+
+# --- where each table comes from ----------------------------------------------------------------
+# The public outputs are GitHub issues and pull requests of NVIDIA's own projects and of users;
+# "UG" is NVIDIA's MIG User Guide.
+_UG_A100 = "UG 'Supported MIG Profiles' (A100) and lgip/lgipp in 'Getting Started'"
+_LGIP_H100 = (
+    "nvidia-smi mig -lgip on H100 80GB HBM3 (public field notes, jbarrow.ai; driver not shown)"
+)
+_LGIP_H100_NVL = (
+    "nvidia-smi mig -lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101,"
+    " 2024-07/08; driver not shown)"
+)
+_LGIP_H200 = "nvidia-smi mig -lgip on 8x H200 (NVIDIA/mig-parted#120; driver not shown)"
+_LGIP_B200 = (
+    "nvidia-smi mig -lgip on B200 (NVIDIA/mig-parted#166 2025-01: 1g 22.00 GiB; "
+    "#187 2025-03: 1g 20.50 GiB, which the table uses; drivers not shown)"
+)
+_LGIP_GB200 = (
+    "nvidia-smi mig -lgip on GB200 (NVIDIA/mig-parted#227, 2025-08: 1g.23gb 22.00 GiB; "
+    "NVIDIA/gpu-operator#1303, 2025-03, named it 1g.24gb at 20.00 GiB; drivers not shown)"
+)
+_CI = (
+    "go-nvml mock tables (A100/H100) for the plain CI profiles; 1_SLICE_REV1 in 1g.2x GIs and "
+    "7_SLICE_NVL on Ampere 7g GIs: kubernetes-sigs/dra-driver-nvidia-gpu#1480"
+)
+_HOPPER_INFERRED_SM = "inferred: the H100 80GB SM counts, as the part has the same 132-SM die"
+_UG_IDS = "UG 'Supported GPUs' PCI device ids"
+
+SOURCES: dict[str, dict[str, str]] = {
+    "a100-40": {
+        "pci_ids": _UG_IDS + " (A100-SXM4-40GB 0x20B0, A100-PCIE-40GB 0x20F1: one table)",
+        "profiles": _UG_A100,
+        "profile_memory": _UG_A100 + " (4.75/9.62/19.50/39.25 GiB)",
+        "placements": "UG lgipp on A100-SXM4-40GB",
+        "ci_profiles": _CI,
+    },
+    "a100-80": {
+        "pci_ids": _UG_IDS + " (A100-SXM4-80GB 0x20B2, A100 80GB PCIe 0x20B5: one table)",
+        "profiles": "lgip on A100-SXM4-80GB in public blogs; same IDs and slices as 40GB",
+        "profile_memory": (
+            "lgip on A100-SXM4-80GB (9.50/19.50/39.25/78.50 GiB); the 3g name on "
+            "R535/R545 from NVIDIA/mig-parted#31 (545.23.08)"
+        ),
+        "placements": "lgipp on A100 in the UG (same geometry as the 40GB part)",
+        "ci_profiles": _CI,
+    },
+    "a30": {
+        "pci_ids": _UG_IDS + " (A30 0x20B7, 4 slices)",
+        "profiles": "UG A30 table and lgip in a public blog",
+        "profile_memory": "UG A30 table (5.81/11.69/23.44 GiB)",
+        "placements": "inferred: go-nvml mock a30.go (no lgipp seen on hardware)",
+        "ci_profiles": _CI,
+        "media_engines": "UG A30 table: one JPEG and one OFA on the whole GPU",
+    },
+    "h100-80": {
+        "pci_ids": _UG_IDS + "; nvidia-smi -q on H100 80GB HBM3 (0x233010DE)",
+        "profiles": _LGIP_H100 + "; UG Table 7",
+        "profile_memory": _LGIP_H100 + " (9.75/19.62/19.62/39.50/79.25 GiB)",
+        "placements": "lgipp on H100 (a public GCP Dataproc init script, 2024-12)",
+        "ci_profiles": _CI,
+    },
+    "h100-pcie": {
+        "pci_ids": _UG_IDS + " (H100-PCIE-80GB 0x233110DE)",
+        "profiles": "names, IDs and slices as H100 80GB (UG Table 7 covers the H100 family)",
+        "profile_memory": "inferred: the H100 80GB HBM3 lgip sizes",
+        "sms": "inferred: the part has 114 SMs, so the SXM counts cannot hold; scaled per slice",
+        "placements": "inferred: the H100 80GB lgipp",
+        "ci_profiles": _CI,
+    },
+    "h100-nvl": {
+        "pci_ids": _UG_IDS + " (H100 NVL 0x232110DE); mig-parted config-default.yaml",
+        "profiles": _LGIP_H100_NVL,
+        "profile_memory": _LGIP_H100_NVL + " (10.75/21.62/46.38 GiB; 7g 93.12)",
+        "sms": _HOPPER_INFERRED_SM + " (lgip shows 16 and 26 and 32 for the small ones)",
+        "placements": "lgipp identical to A100's (NVIDIA H100 NVL blog)",
+        "ci_profiles": _CI,
+    },
+    "h200": {
+        "pci_ids": "nvidia-smi -q on H200 (0x233510DE; driver 550.90.12, public log)",
+        "profiles": _LGIP_H200 + "; UG Table 8",
+        "profile_memory": _LGIP_H200 + " (16.00/32.25/69.50/139.75 GiB)",
+        "placements": "inferred: the 8-slice geometry (UG memory fractions; no lgipp seen)",
+        "ci_profiles": _CI,
+    },
+    "h200-nvl": {
+        "pci_ids": "mig-parted config-default.yaml device filters (H200 NVL 0x233B10DE)",
+        "profiles": _LGIP_H200 + " (mig-parted lists the same profiles for H200 NVL)",
+        "profile_memory": "inferred: the H200 SXM lgip sizes",
+        "placements": "inferred: the 8-slice geometry",
+        "ci_profiles": _CI,
+    },
+    "gh200": {
+        "pci_ids": "mig-parted config-default.yaml device filters (H100 96GB on GH200, 0x2342)",
+        "profiles": (
+            "names from mig-parted config-default.yaml and a public provider's MIG page "
+            "(1g.12gb ... 7g.96gb, 7g with 7 NVDEC/7 JPEG/1 OFA)"
+        ),
+        "profile_memory": "inferred: scaled from H100 NVL's lgip by the 96/94 GB ratio",
+        "sms": _HOPPER_INFERRED_SM,
+        "placements": "inferred: the 8-slice geometry",
+        "ci_profiles": _CI,
+    },
+    "b200": {
+        "pci_ids": "mig-parted PR#166 device filter (B200 0x290110DE)",
+        "profiles": _LGIP_B200 + " for 1g, 1g+me, 1g.2x and 2g; names of 3g/4g/7g from "
+        "mig-parted config-default.yaml",
+        "profile_memory": _LGIP_B200 + "; 3g/4g/7g inferred (twice, twice, eight times 2g's less "
+        "a slice's share)",
+        "sms": "lgip: 1g 18, 1g.2x 30, 2g 36; 3g/4g/7g inferred (no lgip row seen)",
+        "engines": "lgip for 1g..2g; 3g/4g/7g inferred",
+        "placements": "inferred: the 8-slice geometry (UG memory fractions)",
+        "ci_profiles": "inferred: the Hopper CI tables",
+    },
+    "gb200": {
+        "pci_ids": "NVIDIA/gpu-operator#1303 device filter (GB200 0x294110DE)",
+        "profiles": _LGIP_GB200 + " for 1g, 1g+me, 1g.2x and 2g; 3g/4g/7g names from mig-parted "
+        "config-default.yaml",
+        "profile_memory": _LGIP_GB200 + "; 3g/4g/7g inferred",
+        "sms": "lgip: 1g 18, 1g.2x 32, 2g 38; 3g/4g/7g inferred",
+        "engines": "lgip for 1g..2g; 3g/4g/7g inferred",
+        "placements": "inferred: the 8-slice geometry",
+        "ci_profiles": "inferred: the Hopper CI tables",
+    },
+}
+
+# The facts every table names a source for.
+FACTS = ("pci_ids", "profiles", "profile_memory", "placements", "ci_profiles")

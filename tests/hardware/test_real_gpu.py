@@ -3,8 +3,8 @@
 Run with ``pytest -m nvml tests/hardware`` on a host with an NVIDIA driver. These tests only
 read: they never create or destroy a MIG instance, never change MIG mode, clocks, power limits,
 compute or persistence mode, and never reset a GPU. Each check names the simulator fact it
-holds to the driver; a failure is a fact to correct in nodeagent/sim/models.yaml or
-nodeagent/migcatalog.yaml (or a semantics default in nodeagent/sim/ops.py).
+holds to the driver; a failure is a fact to correct in nodeagent/sim or nodeagent/migcatalog.py
+(or a semantics default in nodeagent/sim/ops.py).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _each(items: Iterable[_T], none_here: str) -> Iterator[_T]:
 
 def test_every_gpu_has_a_simulator_model(hw_record: dict[str, Any]) -> None:
     unknown = [_where(g) for g in hw_record["gpus"] if _model(g) is None]
-    assert not unknown, f"no simulator model for {unknown}; add them to nodeagent/sim/models.yaml"
+    assert not unknown, f"no simulator model for {unknown}; add them to nodeagent/sim/models.py"
 
 
 def test_memory_total_matches_model_within_one_percent(hw_record: dict[str, Any]) -> None:

@@ -7,60 +7,129 @@ from pathlib import Path
 
 import pynvml
 import pytest
-import yaml
 
 from nodeagent import migcatalog
 from nodeagent.sim import models, presets
 from nodeagent.sim.nvml import SimNvml
 from tests.sim.conftest import enable_mig
 
-# The published readings, in a file of their own (never the catalog's): see its header.
-PUBLISHED = yaml.safe_load((Path(__file__).parent / "published_profiles.yaml").read_text())
+# Published GPU-instance profile rows: name, profile ID, NVML index constant, memory slices, SMs,
+# memory MiB (lgip GiB to the 1/8 GiB), max count, CE/DEC/JPG/OFA. Each table names its source;
+# models.SOURCES says the same for the catalog.
+# The columns every 8-slice part shows alike in lgip (A100, H100, H200, B200, GB200), in lgip
+# order: profile ID, NVML index constant, memory slices, max count.
+EIGHT_SLICE = [(19, 0x0, 1, 7), (20, 0x7, 1, 1), (15, 0x9, 2, 4), (14, 0x1, 2, 3), (9, 0x2, 4, 2),
+               (5, 0x3, 4, 1), (0, 0x4, 8, 1)]  # fmt: skip
+A100_SMS = [14, 14, 14, 28, 42, 56, 98]
+A100_ENGINES = [(1, 0, 0, 0), (1, 1, 1, 1), (1, 1, 0, 0), (2, 1, 0, 0), (3, 2, 0, 0), (4, 2, 0, 0),
+                (7, 5, 1, 1)]  # fmt: skip
+HOPPER_SMS = [16, 16, 26, 32, 60, 64, 132]
+HOPPER_ENGINES = [(1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, 0),
+                  (4, 4, 4, 0), (8, 7, 7, 1)]  # fmt: skip
 
 
 def eight_slice(names, sms, mib, engines):
     """The rows of an 8-slice part from its own columns, one per name (the first ``len(names)``
     profiles where only those are published)."""
     return [
-        (name, pid, index, slices, sm, memory, count, tuple(engine))
+        (name, pid, index, slices, sm, memory, count, engine)
         for name, (pid, index, slices, count), sm, memory, engine in zip(
-            names, PUBLISHED["eight_slice"], sms, mib, engines, strict=False
+            names, EIGHT_SLICE, sms, mib, engines, strict=False
         )
     ]
 
 
-def published_rows(table):
-    """A published table as rows: name, profile ID, NVML index constant, memory slices, SMs,
-    memory MiB, max count, CE/DEC/JPG/OFA."""
-    if "rows" in table:
-        return [(*row[:7], tuple(row[7])) for row in table["rows"]]
-    sms, engines = table["sms"], table["engines"]
-    return eight_slice(
-        table["names"],
-        PUBLISHED["sms"][sms] if isinstance(sms, str) else sms,
-        table["mib"],
-        PUBLISHED["engines"][engines] if isinstance(engines, str) else engines,
-    )
+# UG "Supported MIG Profiles" (A100) and lgip in "Getting Started".
+A100_40 = eight_slice(
+    ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    A100_SMS,
+    [4864, 4864, 9856, 9856, 19968, 19968, 40192],
+    A100_ENGINES,
+)
+# lgip on A100-SXM4-80GB: 1g.10gb 9.50 GiB, 1g.20gb/2g.20gb 19.50, 3g/4g 39.25, 7g 78.50.
+A100_80 = eight_slice(
+    ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    A100_SMS,
+    [9728, 9728, 19968, 19968, 40192, 40192, 80384],
+    A100_ENGINES,
+)
+# lgip on H100 80GB HBM3: 9.75 / 19.62 (1g.20gb equals 2g.20gb) / 39.50 / 79.25 GiB.
+H100_80 = eight_slice(
+    ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    HOPPER_SMS,
+    [9984, 9984, 20096, 20096, 40448, 40448, 81152],
+    HOPPER_ENGINES,
+)
+# lgip on H100 NVL (NVIDIA/gpu-operator#900, NVIDIA/mig-parted#101): 10.75 / 21.62 / 46.38 GiB;
+# 7g 93.12 GiB (reference notes).
+H100_NVL = eight_slice(
+    ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+    HOPPER_SMS,
+    [11008, 11008, 22144, 22144, 47488, 47488, 95360],
+    HOPPER_ENGINES,
+)
+# lgip on H200 (NVIDIA/mig-parted#120): 16.00 / 32.25 / 69.50 / 139.75 GiB.
+H200 = eight_slice(
+    ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    HOPPER_SMS,
+    [16384, 16384, 33024, 33024, 71168, 71168, 143104],
+    HOPPER_ENGINES,
+)
+# UG A30 table.
+A30 = [
+    ("1g.6gb", 14, 0x0, 1, 14, 5952, 4, (1, 0, 0, 0)),
+    ("1g.6gb+me", 21, 0x7, 1, 14, 5952, 1, (1, 1, 1, 1)),
+    ("2g.12gb", 5, 0x1, 2, 28, 11968, 2, (2, 2, 0, 0)),
+    ("2g.12gb+me", 6, 0x8, 2, 28, 11968, 1, (2, 2, 1, 1)),
+    ("4g.24gb", 0, 0x3, 4, 56, 24000, 1, (4, 4, 1, 1)),
+]
+# lgip on B200 (NVIDIA/mig-parted#187, 1g at 20.50 GiB): the four published rows.
+B200 = eight_slice(
+    ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb"],
+    [18, 18, 30, 36],
+    [20992, 20992, 45312, 45312],
+    [(2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0)],
+)
+# lgip on GB200 (NVIDIA/mig-parted#227, 1g.23gb at 22.00 GiB): the four published rows.
+GB200 = eight_slice(
+    ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb"],
+    [18, 18, 32, 38],
+    [22528, 22528, 46592, 46592],
+    [(2, 1, 1, 0), (2, 1, 1, 1), (2, 1, 1, 0), (4, 2, 2, 0)],
+)
+# Names only, from mig-parted's config-default.yaml (all seven, lgip order).
+NAMES = {
+    "h100-pcie": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "h200-nvl": ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    "gh200": ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"],
+    "b200": ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
+    "gb200": ["1g.23gb", "1g.23gb+me", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"],
+}
 
+EIGHT_SLICE_STARTS = {
+    19: (0, 1, 2, 3, 4, 5, 6),
+    20: (0, 1, 2, 3, 4, 5, 6),
+    15: (0, 2, 4, 6),
+    14: (0, 2, 4),
+    9: (0, 4),
+    5: (0,),
+    0: (0,),
+}
+A30_STARTS = {14: (0, 1, 2, 3), 21: (0, 1, 2, 3), 5: (0, 2), 6: (0, 2), 0: (0,)}
 
-def published(partly):
-    return [
-        pytest.param(
-            key,
-            t["preset"],
-            published_rows(t),
-            {pid: tuple(s) for pid, s in PUBLISHED["starts"][t["starts"]].items()},
-            id=t["id"],
-        )
-        for key, t in PUBLISHED["tables"].items()
-        if t.get("partly", False) == partly
-    ]
-
-
-MIG_MODELS = published(partly=False)
+MIG_MODELS = [
+    pytest.param("a100-40", "dgx-a100", A100_40, EIGHT_SLICE_STARTS, id="A100-SXM4-40GB"),
+    pytest.param("a100-80", "dgx-a100-80", A100_80, EIGHT_SLICE_STARTS, id="A100-SXM4-80GB"),
+    pytest.param("h100-80", "dgx-h100", H100_80, EIGHT_SLICE_STARTS, id="H100-80GB"),
+    pytest.param("h100-nvl", "pcie-h100nvl", H100_NVL, EIGHT_SLICE_STARTS, id="H100-NVL"),
+    pytest.param("h200", "hgx-h200", H200, EIGHT_SLICE_STARTS, id="H200"),
+    pytest.param("a30", "a30x4", A30, A30_STARTS, id="A30"),
+]
 # B200 and GB200: only the published rows are pinned (the rest is inferred, see SOURCES).
-PARTLY_PUBLISHED = published(partly=True)
-NAMES = PUBLISHED["names"]
+PARTLY_PUBLISHED = [
+    pytest.param("b200", "dgx-b200", B200, EIGHT_SLICE_STARTS, id="B200"),
+    pytest.param("gb200", None, GB200, EIGHT_SLICE_STARTS, id="GB200"),
+]
 
 
 @pytest.mark.parametrize(("key", "preset", "table", "starts"), MIG_MODELS + PARTLY_PUBLISHED)
@@ -111,13 +180,28 @@ def test_profile_info_through_nvml(make_sim: Callable[..., SimNvml], key, preset
 
 
 @pytest.mark.parametrize(
-    ("key", "product"), PUBLISHED["products"].items(), ids=list(PUBLISHED["products"])
+    ("key", "name", "mib", "device_id", "cc"),
+    [
+        pytest.param("a100-40", "NVIDIA A100-SXM4-40GB", 40960, 0x20B010DE, (8, 0), id="a100-40"),
+        pytest.param("a100-80", "NVIDIA A100-SXM4-80GB", 81920, 0x20B210DE, (8, 0), id="a100-80"),
+        pytest.param("a30", "NVIDIA A30", 24576, 0x20B710DE, (8, 0), id="a30"),
+        pytest.param("h100-80", "NVIDIA H100 80GB HBM3", 81559, 0x233010DE, (9, 0), id="h100"),
+        pytest.param("h100-nvl", "NVIDIA H100 NVL", 95830, 0x232110DE, (9, 0), id="h100-nvl"),
+        pytest.param("h200", "NVIDIA H200", 143771, 0x233510DE, (9, 0), id="h200"),
+        pytest.param("l40s", "NVIDIA L40S", 46068, 0x26B910DE, (8, 9), id="l40s"),
+        pytest.param("t4", "Tesla T4", 15360, 0x1EB810DE, (7, 5), id="t4"),
+        pytest.param("h100-pcie", "NVIDIA H100 PCIe", 81559, 0x233110DE, (9, 0), id="h100-pcie"),
+        pytest.param("h200-nvl", "NVIDIA H200 NVL", 143771, 0x233B10DE, (9, 0), id="h200-nvl"),
+        pytest.param("gh200", "NVIDIA GH200 480GB", 97871, 0x234210DE, (9, 0), id="gh200"),
+        pytest.param("b200", "NVIDIA B200", 183359, 0x290110DE, (10, 0), id="b200"),
+        pytest.param("gb200", "NVIDIA GB200", 189471, 0x294110DE, (10, 0), id="gb200"),
+    ],
 )
-def test_model_facts(key, product):
+def test_model_facts(key, name, mib, device_id, cc):
     model = models.model(key)
-    got = (model.name, model.memory_mib, model.pci_device_id, model.compute_capability)
-    assert got == (product["name"], product["mib"], product["device_id"], tuple(product["cc"]))
-    assert model.mig_capable == product["mig"]
+    assert (model.name, model.memory_mib, model.pci_device_id, model.compute_capability) == (
+        name, mib, device_id, cc)  # fmt: skip
+    assert model.mig_capable == (key not in ("l40s", "t4"))
 
 
 @pytest.mark.parametrize(
@@ -238,22 +322,3 @@ def test_the_catalog_finds_each_mig_model_by_its_pci_id_and_memory(key):
     assert migcatalog.lookup(model.pci_device_id, model.memory_mib) is model.mig
     assert model.mig is not None
     assert model.mig.key == key
-
-
-# The catalog files as shipped, each with its reader, to break one key at a time.
-CATALOG_FILES = {
-    "mig": (migcatalog.read_catalog, Path(migcatalog.__file__).with_name("migcatalog.yaml")),
-    "models": (models.read_catalog, Path(models.__file__).with_name("models.yaml")),
-}
-
-
-MALFORMED = yaml.safe_load((Path(__file__).parent / "malformed_catalogs.yaml").read_text())
-
-
-@pytest.mark.parametrize("case", MALFORMED, ids=[case["id"] for case in MALFORMED])
-def test_a_malformed_catalog_file_names_the_file_and_key(case):
-    read, path = CATALOG_FILES[case["file"]]
-    text = path.read_text()
-    assert case["old"] in text
-    with pytest.raises(migcatalog.CatalogError, match=rf"^bad\.yaml: .*{case['message']}"):
-        read("bad.yaml", text.replace(case["old"], case["new"], 1))
