@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
 
 from nodeagent.atomicfile import read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
@@ -43,6 +43,8 @@ from nodeagent.health.checks import NODE_WIDE_KEYS, Observation, SnapshotChecks
 from nodeagent.health.score import (
     HISTORY_VERSION,
     FaultRecord,
+    Finite,
+    KnownLevel,
     SavedScore,
     StabilityLevel,
     StabilityScore,
@@ -126,15 +128,6 @@ class SavedHistory(BaseModel):
 _HISTORY = TypeAdapter(SavedHistory)
 
 
-_Finite = Annotated[float, Field(allow_inf_nan=False)]
-
-
-def _known_level(level: StabilityLevel) -> StabilityLevel:
-    if level is StabilityLevel.UNKNOWN:
-        raise ValueError("it published no known level")
-    return level
-
-
 def _action(value: object) -> Action:
     """A published action; one this version does not know asks for investigation."""
     try:
@@ -152,14 +145,14 @@ class _PublishedDevice(BaseModel):
     state: HealthState
     reasons: tuple[str, ...] = ()
     action: Annotated[Action, PlainValidator(_action)] = Action.NONE
-    since_s: _Finite
+    since_s: Finite
 
 
 class _PublishedStability(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True)
 
-    level: Annotated[StabilityLevel, AfterValidator(_known_level)]
-    score: _Finite
+    level: KnownLevel
+    score: Finite
 
 
 class _PublishedStatus(BaseModel):
@@ -167,7 +160,7 @@ class _PublishedStatus(BaseModel):
 
     model_config = ConfigDict(strict=True, frozen=True)
 
-    timestamp_s: _Finite
+    timestamp_s: Finite
     stability: _PublishedStability
     devices: tuple[_PublishedDevice, ...] = ()
 

@@ -56,10 +56,15 @@ class FaultRecord:
     reason: str
 
 
-def _score_level(level: StabilityLevel) -> StabilityLevel:
+def _known(level: StabilityLevel) -> StabilityLevel:
     if level is StabilityLevel.UNKNOWN:
-        raise ValueError("'unknown' is never the score's own level")
+        raise ValueError("'unknown' is never a saved or published level")
     return level
+
+
+# The types the history and status files share: a finite number, a level other than unknown.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+KnownLevel = Annotated[StabilityLevel, AfterValidator(_known)]
 
 
 class SavedScore(BaseModel):
@@ -71,10 +76,10 @@ class SavedScore(BaseModel):
 
     model_config = ConfigDict(strict=True, frozen=True)
 
-    score_level: Annotated[StabilityLevel, AfterValidator(_score_level)] = StabilityLevel.STABLE
+    score_level: KnownLevel = StabilityLevel.STABLE
     flapping: bool = False
     records: tuple[FaultRecord, ...] = ()
-    transitions: tuple[Annotated[float, Field(allow_inf_nan=False)], ...] = ()
+    transitions: tuple[Finite, ...] = ()
 
 
 class StabilityScore:
