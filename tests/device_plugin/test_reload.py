@@ -41,8 +41,11 @@ def test_vanished_resource_is_advertised_empty_before_it_stops(run_plugin) -> No
     assert socket.exists()
     config = _config({})
     plugin.manager.apply(plugin.snapshot, config.pool, config.device_plugin)
-    assert kubelet.plugins["nvidia.com/gpu.shared"].devices == {}  # zero before the stop
     assert not socket.exists()
+    # Zero before the stop: the server is gone, yet the empty list it sent last still reaches
+    # the kubelet (its stream thread may read it a moment after apply returns).
+    view = kubelet.plugins["nvidia.com/gpu.shared"]
+    assert kubelet.wait(lambda: view.devices == {}), view.lists[-1]
     kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
     assert "nvidia.com/gpu.shared" not in plugin.manager.servers
 
