@@ -309,7 +309,13 @@ def test_one_failing_reading_leaves_the_others_and_says_which(make_node, sim_sta
     assert gpu.telemetry is not None
     assert gpu.telemetry.power_watts is None  # the broken reading
     assert gpu.telemetry.temperature_celsius is not None  # the rest still read
-    assert gpu.telemetry.memory_used_bytes >= 0
+    assert gpu.telemetry.memory_reserved_bytes is not None
+    memory = (
+        gpu.telemetry.memory_used_bytes
+        + gpu.telemetry.memory_reserved_bytes
+        + gpu.telemetry.memory_free_bytes
+    )
+    assert memory == gpu.info.memory_total_bytes  # a real memory reading, not a placeholder
     assert gpu.error is not None
     assert "nvmlDeviceGetPowerUsage" in gpu.error
     assert snapshot.nvml_errors.get("nvmlDeviceGetPowerUsage") == 1
