@@ -106,12 +106,13 @@ def test_a_damaged_file_is_set_aside_and_named_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = checkpoint_path(tmp_path)
-    path.write_text(damage(_good(tmp_path)))
+    damaged = damage(_good(tmp_path))
+    path.write_text(damaged)
 
     assert read_managed(tmp_path) == frozenset()  # `dra slices` shows nothing as managed
     assert Checkpoint.load(path).claims == {}
     assert not path.exists()
     (aside,) = path.parent.glob("checkpoint.json.bad-*")
-    assert aside.read_text()  # kept for the operator, not deleted
+    assert aside.read_text() == damaged  # kept for the operator as it was, not deleted
     assert named in caplog.text
     assert str(aside) in caplog.text
