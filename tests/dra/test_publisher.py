@@ -160,9 +160,9 @@ def test_the_agent_wires_the_dra_component_and_it_serves_and_publishes(
     (component,) = [c for c in wired.components if c.name == "dra"]
     assert isinstance(component, DraComponent)
     assert component.driver.mig_lock.path == tmp_path / "mig.lock"
-    reconciler = [c for c in wired.components if c.name == "mig-reconciler"]
-    for r in reconciler:
-        assert r._lock.path == tmp_path / "mig.lock"
+    # One node-wide MIG lock: the reconciler (on by default) takes the same file.
+    (reconciler,) = [c for c in wired.components if c.name == "mig-reconciler"]
+    assert reconciler._lock.path == tmp_path / "mig.lock"
     # Point it at the test API server and run it.
     component.publisher = component.publisher or _publisher(control_plane, name)
     stop = threading.Event()
