@@ -14,6 +14,7 @@ from nodeagent.testing.nodes import enable_mig
 from nodeagent.workloads import CgroupReader, PodIndex, attribute, shared_devices
 
 GIB_MIB = 1024
+H100_3G_40GB_MIB = 40448  # a 3g.40gb instance on an H100 80GB HBM3 (lgip: 39.50 GiB)
 
 
 def _uid(i: int) -> str:
@@ -103,7 +104,6 @@ def test_mig_device_shared_by_two_pods_has_memory_but_no_time_shares(
     assert shared.device.mig_uuid == mig
     assert shared.time_shares == {}
     assert shared.starvation_ratio is None
-    assert shared.memory_total_bytes is not None
-    assert shared.memory_pressure_ratio == pytest.approx(
-        36 * GIB_MIB * 1024 * 1024 / shared.memory_total_bytes
-    )
+    # The instance's memory (the simulated H100's 3g.40gb), not the whole GPU's 80 GB.
+    assert shared.memory_total_bytes == H100_3G_40GB_MIB * 1024 * 1024
+    assert shared.memory_pressure_ratio == pytest.approx(36 * GIB_MIB / H100_3G_40GB_MIB)
