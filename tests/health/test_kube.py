@@ -28,6 +28,13 @@ from nodeagent.testing.kube.waiting import condition
 from tests.health.conftest import MakeRig, Rig
 
 OTHER_TAINT = {"key": "other.io/maintenance", "value": "x", "effect": "PreferNoSchedule"}
+# The nodeagent.io/gpu-health label that goes with each GPUHealthy condition reason.
+LABEL_OF_REASON = {
+    "GPUsHealthy": "healthy",
+    "GPUDegraded": "degraded",
+    "GPUUnhealthy": "unhealthy",
+    "GPULost": "lost",
+}
 
 
 @dataclass
@@ -255,4 +262,5 @@ def test_node_condition_per_fault_kind(
     assert "gpu4" not in cond["message"]  # only the faulty GPU is named
     # The label carries the worst device state, the same fact as the condition.
     labels = flagged.node()["metadata"]["labels"]
-    assert labels["nodeagent.io/gpu-health"] == rig.gpu(5).state.value
+    assert labels["nodeagent.io/gpu-health"] == LABEL_OF_REASON[reason]
+    assert rig.gpu(5).state.value == LABEL_OF_REASON[reason]
