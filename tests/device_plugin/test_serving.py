@@ -30,7 +30,7 @@ def test_sockets_are_removed_on_shutdown(run_plugin) -> None:
     plugin = run_plugin(
         "pcie-h100nvl", mig={0: ["3g.47gb"]}, config={"device_plugin": {"mig_strategy": "mixed"}}
     )
-    plugin.kubelet.wait(lambda: len(plugin.kubelet.plugins) == 2)
+    assert plugin.kubelet.wait(lambda: len(plugin.kubelet.plugins) == 2), plugin.kubelet.plugins
     assert sorted(p.name for p in plugin.directory.glob("nodeagent-*.sock")) == [
         "nodeagent-gpu.sock",
         "nodeagent-mig-3g.47gb.sock",
