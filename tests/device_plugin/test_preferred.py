@@ -140,4 +140,6 @@ def test_sixteen_gpus_are_chosen_exactly() -> None:
                 scores[(a, b)] = 1820 if a // 8 == b // 8 else 10
     table = ScoreTable(scores)
     chosen = preferred_gpus(table, list(range(16)), [9], 4)
+    assert len(set(chosen)) == 4
+    assert 9 in chosen
     assert all(g // 8 == 1 for g in chosen)
