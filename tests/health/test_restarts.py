@@ -139,7 +139,8 @@ def test_driver_drift_counts_once_per_node_and_once_across_restarts(
     history, _ = paths(tmp_path)
     rig = make_rig("dgx-h100", history=history, expected_driver="1.0", recovery_quiet_s=300)
     first = rig.model.node_health()
-    assert all(d.state is H.DEGRADED for d in first.devices if d.uuid in rig.uuids)
+    gpus = {d.uuid: d.state for d in first.devices if d.uuid in rig.uuids}
+    assert gpus == dict.fromkeys(rig.uuids, H.DEGRADED)
     assert first.score == pytest.approx(1.0)  # one driver per host, not one per GPU
     rig.model.save(final=True)
     model = rig.model
