@@ -31,6 +31,7 @@ def test_json_and_yaml_print_exactly_what_the_builder_sends(tmp_path: Path) -> N
     as_yaml = run(*common, "--node-name", "n1", "--dynamic-mig")
     assert list(yaml.safe_load_all(as_yaml.stdout)) == list(expected)
     static = json.loads(run(*common, "--node-name", "n1", "--json").stdout)
+    assert [d for s in static for d in s["spec"].get("devices", [])], "no devices published"
     assert not any(s["spec"].get("sharedCounters") for s in static)
 
 
