@@ -74,13 +74,16 @@ def test_failure_keeps_last_attribution_then_recovers(kubelet: tuple[FakeKubelet
     servicer, socket = kubelet
     servicer.pods = [("p", "n", "c", "nvidia.com/gpu", ["GPU-a"])]
     poller = PodResourcesPoller(socket, 5.0)
-    assert poller.poll() is not None
+    first = poller.poll()
+    assert first is not None
+    assert first.ok
+    assert [(d.pod, d.uuid) for d in first.pod_devices] == [("p", "GPU-a")]
     servicer.fail = True
     failed = poller.poll()
     assert failed is not None
     assert not failed.ok
     assert failed.known  # stale, but from a real answer
-    assert len(failed.pod_devices) == 1
+    assert failed.pod_devices == first.pod_devices
     servicer.fail = False
     servicer.pods = []
     recovered = poller.poll()
