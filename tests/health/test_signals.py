@@ -147,9 +147,16 @@ def test_no_per_gpu_driver_comparison(make_rig: MakeRig) -> None:
     # NVML reports one driver per host: a GPU whose sample failed (its facts are the last
     # ones read) must not be reported as running another driver after a driver change.
     rig = make_rig("dgx-h100")
-    rig.control.inject("nvml-error", 2)
+    # A failing call of the GPU's info read (not a telemetry reading) leaves GPU 2 with the
+    # facts read last, the old driver among them.
+    rig.control.inject("nvml-error", 2, function="nvmlDeviceGetMigMode", code=10)
     rig.control.inject("driver", 0, version="580.65.06")
     rig.pump()
+    snapshot = rig.node.snapshot()
+    stale = snapshot.gpus[2]
+    assert (stale.lost, stale.info.driver_version) == (False, DRIVER_VERSION), stale
+    assert snapshot.driver_version == "580.65.06"
+    assert rig.gpu(2).state is H.DEGRADED  # for the NVML error only
     reasons = [r for i in range(8) for r in rig.gpu(i).reasons]
     assert not [r for r in reasons if "driver" in r], reasons
 
