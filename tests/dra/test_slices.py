@@ -193,8 +193,22 @@ def test_withdrawing_keeps_only_the_best_free_placement_per_profile(
     node = shaped("dgx-h100", "dynamic")
     spec = SliceSpec("node-a", dynamic_mig=True, withdraw_stranding=True)
     pub = build_slices(node.snapshot(), spec)
-    gpu0 = [d for d in devices_of(pub) if d["name"].startswith("gpu-0-mig-1g10gb-19-")]
-    assert len(gpu0) == 1
+    geometry = node.mig_geometry(0)
+    assert geometry is not None
+    listed = [d for d in devices_of(pub) if d["name"].startswith("gpu-0-mig-")]
+    kept = {
+        d["attributes"]["profile"]["string"]: d["attributes"]["placementStart"]["int"]
+        for d in listed
+    }
+    assert len(kept) == len(listed), "one placement per profile"
+    # The one kept is where the planner would put that profile on the empty GPU.
+    best = {}
+    for profile in geometry.profiles:
+        chosen = place_on_node(geometry, [[]], profile.name)
+        assert chosen is not None
+        best[profile.name] = chosen[1].start
+    assert kept == best
+    assert kept["1g.10gb"] == 6
     assert "gpu-0-mig-1g10gb-19-3" in pub.devices, "withdrawn but still preparable"
 
 
