@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from nodeagent.atomicfile import first_problem, write_json_atomic
 
@@ -80,7 +80,8 @@ class ClaimRecord:
 
 # The file's claims, uid -> record (the uid is the key, not repeated inside). pydantic reads and
 # writes the records field by field, under the aliases the file has always used ("gpu").
-_CLAIMS = TypeAdapter(dict[str, ClaimRecord])
+# Built at the first read or write, not at import (defer_build).
+_CLAIMS = TypeAdapter(dict[str, ClaimRecord], config=ConfigDict(defer_build=True))
 
 
 def _read(path: Path) -> dict[str, ClaimRecord]:

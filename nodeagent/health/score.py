@@ -74,7 +74,7 @@ class SavedScore(BaseModel):
     instead of being half-read. Keys this version does not know are ignored.
     """
 
-    model_config = ConfigDict(strict=True, frozen=True)
+    model_config = ConfigDict(strict=True, frozen=True, defer_build=True)
 
     score_level: KnownLevel = StabilityLevel.STABLE
     flapping: bool = False

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 # The reset history file: the wall-clock times of the resets made, strictly numbers.
 _RESET_TIMES = TypeAdapter(
-    list[Annotated[float, Field(allow_inf_nan=False)]], config=ConfigDict(strict=True)
+    list[Annotated[float, Field(allow_inf_nan=False)]],
+    config=ConfigDict(strict=True, defer_build=True),
 )
 
 OUTPUT_TAIL_BYTES = 2048
