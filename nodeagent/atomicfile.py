@@ -7,6 +7,7 @@ through :func:`read_json_as`, so a damaged one is named with its first bad field
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -102,3 +103,34 @@ def write_json_atomic(
             os.fsync(dir_fd)  # make the rename itself durable
         finally:
             os.close(dir_fd)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it and a rename.
+
+    A reader (or a crash, a full disk) sees the old file or the new one, never half of the new
+    one. The directory must exist: a file named in a directory that is not there is more often
+    a typo than a wish to create it.
+
+    Args:
+        path: the target, replaced when it exists (it must not be a directory).
+        text: the whole content (UTF-8).
+        mode: permission bits for the new file (default 0644).
+
+    Raises:
+        OSError: the directory is missing or not writable, ``path`` is a directory, the disk
+            is full; nothing is left behind (the temporary file is removed).
+    """
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644 if mode is None else mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

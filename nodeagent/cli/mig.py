@@ -704,7 +704,16 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        from nodeagent.atomicfile import write_text_atomic
+
+        try:
+            # Through a rename: a file `apply` reads is never left half written.
+            write_text_atomic(output, text)
+        except OSError as exc:
+            fail(
+                f"cannot write {output}: {exc.strerror or exc}",
+                "pass -o a file in an existing, writable directory, or omit -o for stdout",
+            )
     for i, why in sorted(lost.items()):
         # The file lists the GPUs that answered; applying it leaves the lost one alone.
         sys.stderr.write(f"warning: GPU {i} left out of the export: {why}\n")

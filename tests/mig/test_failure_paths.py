@@ -346,3 +346,33 @@ def test_a_bad_layout_file_is_reported_once_and_the_reconciler_stays_ready(
     assert status is not None
     assert not status.applied
     assert not any(node.info(i).mig_enabled for i in range(8))
+
+
+# --- export -o: a path that cannot be written is one line, and nothing half written --------------
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param("missing-dir/layout.yaml", id="directory-missing"),
+        pytest.param(".", id="a-directory"),
+        pytest.param("file/layout.yaml", id="under-a-file"),
+    ],
+)
+def test_export_to_a_path_it_cannot_write_is_one_line_and_exit_2(
+    balanced: tuple[GpuNode, Path], tmp_path: Path, where: str
+) -> None:
+    _, sim = balanced
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "file").write_text("kept\n")
+    target = out_dir / where
+    result = CliRunner().invoke(app, ["export", "-o", str(target), *base(sim)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert str(target) in errors[0]
+    assert "hint:" in result.stderr
+    assert sorted(p.name for p in out_dir.iterdir()) == ["file"]  # no temporary file left
+    assert (out_dir / "file").read_text() == "kept\n"
