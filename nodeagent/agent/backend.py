@@ -32,10 +32,45 @@ def preset_names() -> Sequence[str]:
     return tuple(sim_preset_names())
 
 
-def simulated_preset(simulate: str | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The preset to simulate: ``simulate``, else env ``NODEAGENT_SIMULATE``; None: real GPUs."""
+def simulated_preset(
+    simulate: str | None,
+    environ: Mapping[str, str] | None = None,
+    state_dir: Path | None = None,
+) -> str | None:
+    """The preset to simulate; None: real GPUs.
+
+    ``simulate``, else env ``NODEAGENT_SIMULATE``, else the preset of the simulated node that
+    the state directory holds (``state_dir``, else env ``NODEAGENT_SIM_STATE``): a state
+    directory knows which node it simulates, so naming it is enough.
+
+    Raises:
+        InvalidArgument: the state directory holds a node file that cannot be read (the
+            message names it and ``nodeagent sim reset``).
+    """
     env = os.environ if environ is None else environ
-    return simulate or env.get(ENV_SIMULATE) or None
+    return simulate or env.get(ENV_SIMULATE) or held_preset(state_dir, env)
+
+
+def held_preset(state_dir: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The preset of the simulated node in ``state_dir`` (else env ``NODEAGENT_SIM_STATE``).
+
+    None when neither is set or the directory holds no node. The default state directory
+    (under the XDG state home) is never looked at: a node left there by an earlier try must
+    not turn a real node's commands into simulated ones.
+    """
+    env = os.environ if environ is None else environ
+    where = state_dir if state_dir is not None else Path(env.get(ENV_SIM_STATE) or "")
+    if where == Path():
+        return None
+    from nodeagent.sim.state import STATE_FILE, SimStateError, StateStore
+
+    if not (where / STATE_FILE).is_file():
+        return None
+    try:
+        preset = StateStore(where).read().get("preset")
+    except SimStateError as exc:
+        raise InvalidArgument(str(exc)) from None
+    return str(preset) if preset else None
 
 
 def mig_lock_file(
@@ -55,7 +90,7 @@ def mig_lock_file(
         return explicit
     if env.get(ENV_MIG_LOCK):
         return Path(env[ENV_MIG_LOCK])
-    if simulated_preset(simulate, env):
+    if simulated_preset(simulate, env, state_dir):
         from nodeagent.sim.state import default_state_dir
 
         return (state_dir or default_state_dir()) / SIM_MIG_LOCK
@@ -78,14 +113,15 @@ def open_node(simulate: str | None = None, state_dir: Path | None = None) -> Gpu
     """Open the node's GPUs: the simulator when a preset is named, else real NVML.
 
     The simulator's state lives in ``state_dir`` (falls back to env ``NODEAGENT_SIM_STATE``,
-    then the user's state directory); it is created from the preset when empty.
+    then the user's state directory); it is created from the preset when empty. Without a
+    preset, a state directory that holds a simulated node opens that node.
 
     Raises:
         InvalidArgument: the preset is unknown (the message lists the presets), or the
             simulated node's state is corrupt (the message names ``nodeagent sim reset``).
         DriverNotLoaded: no driver and no preset (the message names ``--simulate``).
     """
-    preset = simulated_preset(simulate)
+    preset = simulated_preset(simulate, state_dir=state_dir)
     if preset:
         names = preset_names()
         if preset not in names:

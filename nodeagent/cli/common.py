@@ -100,9 +100,18 @@ def agent_state_dir(
     loaded = load_config_or_exit(config) if config is not None else None
     if explicit is not None:
         return explicit
-    if simulate and sim_state is not None:
+    if sim_state is not None and simulating(simulate, sim_state):
         return sim_state / "agent"
     return (loaded or load_config_or_exit(None)).state_dir
+
+
+def simulating(simulate: str | None, sim_state: Path | None) -> bool:
+    """Whether the command runs on a simulated node: a preset is named, or the state directory
+    holds a node (a damaged one too: opening the node then says what is wrong with it)."""
+    try:
+        return simulated_preset(simulate, state_dir=sim_state) is not None
+    except GpuError:
+        return True
 
 
 def load_config_or_exit(config: Path | None) -> AgentConfig:
@@ -134,7 +143,7 @@ def open_node_or_exit(simulate: str | None, state_dir: Path | None) -> GpuNode:
             "pass a writable --state-dir (env NODEAGENT_SIM_STATE)",
         )
     except GpuError as exc:
-        simulated = simulated_preset(simulate) is not None
+        simulated = simulating(simulate, state_dir)
         fail(str(exc), "" if simulated else "check the NVIDIA driver and GPUs with `nvidia-smi`")
 
 

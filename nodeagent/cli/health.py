@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from nodeagent.atomicfile import StateFileError
 from nodeagent.cli.common import (
     EXIT_DRIFT,
     EXIT_OK,
@@ -29,6 +30,7 @@ from nodeagent.cli.common import (
     fail_config,
     open_node_or_exit,
     print_table,
+    simulating,
 )
 from nodeagent.cli.common import (
     agent_state_dir as resolve_agent_state,
@@ -60,7 +62,7 @@ def _age(seconds: float) -> str:
 
 
 def _evaluate(
-    simulate: str, sim_state: Path | None, agent_state: Path, config: Path | None
+    simulate: str | None, sim_state: Path | None, agent_state: Path, config: Path | None
 ) -> dict[str, Any]:
     """Check the node once: one snapshot through the model, history read but not written."""
     from nodeagent.config.errors import ConfigError
@@ -119,11 +121,15 @@ def health(
     agent_state = resolve_agent_state(agent_state_dir, simulate, state_dir, config)
     try:
         data = read_status(agent_state)
+    except StateFileError as exc:
+        # One line: the message names the path and the fix (a directory: remove it); the
+        # running agent writes the file again at its next report.
+        fail(f"{exc}; a running agent then writes it again at its next report", "")
     except ValueError as exc:
         fail(str(exc), "delete the file; a running agent rewrites it within a minute")
     running = data is not None and _pid_alive(data.get("pid"))
     if not running:
-        if simulate:
+        if simulating(simulate, state_dir):
             data = _evaluate(simulate, state_dir, agent_state, config)
         elif data is None:
             fail(

@@ -18,6 +18,7 @@ from nodeagent.cli.common import (
     fail,
     fail_config,
     open_node_or_exit,
+    simulating,
 )
 from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import check_gpu_indices, load_agent_config
@@ -68,7 +69,7 @@ def run(
         overrides["metrics"] = {"address": metrics_address}
     if agent_state_dir is not None:
         overrides["state_dir"] = str(agent_state_dir)
-    elif simulate and state_dir is not None:
+    elif state_dir is not None and simulating(simulate, state_dir):
         # A simulated node keeps the agent's state beside the simulator's, so one directory
         # holds the whole demo and nothing is written under /var/lib.
         overrides["state_dir"] = str(state_dir / "agent")

@@ -130,6 +130,7 @@ def status(
         fail(f"--watch {watch} is too fast", "use an interval of 0.2 seconds or more")
     state = agent_state_dir(agent_state, simulate, state_dir, config)
     node: GpuNode = open_node_or_exit(simulate, state_dir)
+    warned = False
     try:
         while True:
             snapshot = node.snapshot()
@@ -137,6 +138,11 @@ def status(
                 agent_status = read_status(state)
             except ValueError:
                 agent_status = None  # being rewritten, or damaged: show health as unknown
+            except OSError as exc:  # a directory in its place, no permission: say so once
+                agent_status = None
+                if not warned:
+                    sys.stderr.write(f"warning: {exc}; GPU health shown as unknown\n")
+                    warned = True
             running = is_held(state / AGENT_LOCK_FILE)
             if as_json:
                 health = _health_by_uuid(agent_status)

@@ -35,7 +35,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter
 
-from nodeagent.atomicfile import read_json_as, write_json_atomic
+from nodeagent.atomicfile import StateFileError, WriteFaults, read_json_as, write_json_atomic
 from nodeagent.config.health import HealthSection
 from nodeagent.gpu.inventory import unknown_gpu_id
 from nodeagent.gpu.types import EventKind, GpuEvent, NodeSnapshot
@@ -132,6 +132,8 @@ _HISTORY = TypeAdapter(SavedHistory)
 
 def _action(value: object) -> Action:
     """A published action; one this version does not know asks for investigation."""
+    if str(value).startswith((VALIDATION_WAIT_ACTION, VALIDATION_RETRY_ACTION)):
+        return Action.NONE  # a validation hold: it is held again when its fault expires
     try:
         return Action(str(value))
     except ValueError:
@@ -209,6 +211,11 @@ class NodeHealth:
 
 VALIDATION_KEY = "validation"
 VALIDATION_HOLD_S = 10 * 365 * 86400.0  # held until released, not timed out
+# What a GPU held for validation shows as its action: the hold itself needs nothing from the
+# operator until a step fails, and then what to fix and when the steps run again (never a bare
+# "none" on an unhealthy GPU). Both read back as Action.NONE from a published status.
+VALIDATION_WAIT_ACTION = "wait: the remediation steps run now; it serves again when they pass"
+VALIDATION_RETRY_ACTION = "fix what the failed step reports (see the reason); the steps re-run"
 
 
 class HealthModel:
@@ -247,8 +254,16 @@ class HealthModel:
         # Hold a GPU whose unhealthy fault cleared until its remediation steps pass
         # (pools.<pool>.remediation.enabled); the validator releases it.
         self.validation_hold = False
+        self._validation_retry_s: dict[str, float] = {}  # GPU UUID -> retry_s of its last failure
         self.status_path = status_path
         self.read_only = read_only  # a one-shot look (the CLI): never move or write files
+        # The history and the published status (the reporter's) that cannot be written: a full
+        # disk logs one line, not one per report, and the faults stay in memory meanwhile.
+        self.write_faults = WriteFaults(
+            log,
+            "health state",
+            "the last good files are kept, the health stays in memory and every report retries",
+        )
         # Faults restored from disk, kept whatever their age until the first sample decides.
         self._carried: set[tuple[str, int | None, str]] = set()
         self._keys: dict[int, set[str]] = {}  # fault keys per GPU index at the last recompute
@@ -308,8 +323,13 @@ class HealthModel:
                 if key == VALIDATION_KEY
             )
 
-    def finish_validation(self, uuid: str, passed: bool, detail: str) -> None:
-        """Release a held GPU (``passed``), or keep it held with ``detail`` as the reason."""
+    def finish_validation(
+        self, uuid: str, passed: bool, detail: str, *, retry_s: float | None = None
+    ) -> None:
+        """Release a held GPU (``passed``), or keep it held with ``detail`` as the reason.
+
+        ``retry_s``: when the steps run again after a failure (shown in the GPU's action).
+        """
         now = self._clock()
         with self._lock:
             fault = self._faults.get((uuid, None, VALIDATION_KEY))
@@ -317,9 +337,12 @@ class HealthModel:
                 return
             if passed:
                 del self._faults[(uuid, None, VALIDATION_KEY)]
+                self._validation_retry_s.pop(uuid, None)
             else:
                 fault.reason = f"validation failed: {detail}"
                 fault.last_s = now
+                if retry_s is not None:
+                    self._validation_retry_s[uuid] = retry_s
             self.dirty = True
             changes = self._recompute(now)
         self._deliver(changes)
@@ -453,10 +476,12 @@ class HealthModel:
                 fault.saved_last_s = fault.last_s
         try:
             write_json_atomic(self.history_path, data)
-        except OSError as exc:
+        except StateFileError as exc:
             with self._lock:
-                self.dirty = True  # try again at the next report
-            log.error("cannot write the health history %s: %s", self.history_path, exc)
+                self.dirty = True  # try again at the next report: the faults must reach disk
+            self.write_faults.failed(exc)
+        else:
+            self.write_faults.succeeded(self.history_path)
 
     # --- internals -----------------------------------------------------------------------------
     def _restore(self, path: Path) -> None:
@@ -750,7 +775,20 @@ class HealthModel:
             since = min(f.first_s for f in faults if f.state is state)
         else:
             since = now
-        return DeviceHealth(uuid, index, state, reasons, action.value, since)
+        text = action.value
+        held = next((f for f in faults if f.key == VALIDATION_KEY), None)
+        if action is Action.NONE and held is not None:
+            text = self._validation_action(held)
+        return DeviceHealth(uuid, index, state, reasons, text, since)
+
+    def _validation_action(self, held: Fault) -> str:
+        """What happens next to a GPU held for validation, and what the operator can do."""
+        if not held.reason.startswith("validation failed"):
+            return VALIDATION_WAIT_ACTION
+        retry = self._validation_retry_s.get(held.gpu_uuid)
+        # Restored after a restart, the retry interval is the pool's, not remembered here.
+        every = f"every {retry:g}s" if retry is not None else "after remediation.retry_s"
+        return f"{VALIDATION_RETRY_ACTION} {every}"
 
     @property
     def known(self) -> bool:

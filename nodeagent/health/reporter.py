@@ -3,7 +3,9 @@
 It runs on the health component's thread, woken at once by any change in the model and at
 least every ``health.report_interval_s``. While the API server is unreachable it retries with
 exponential backoff (``kubernetes.retry_initial_s`` doubling to ``retry_max_s``); the state
-file and the history are written regardless.
+file and the history are written regardless. A write that fails (a full disk, a directory in the
+file's place) is logged once per change of state (``HealthModel.write_faults``), never as a
+traceback; the last good file stays and every report retries.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from nodeagent import labels as lbl
+from nodeagent.atomicfile import StateFileError
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
 from nodeagent.health.score import StabilityLevel
-from nodeagent.health.statefile import node_reasons, write_status
+from nodeagent.health.statefile import node_reasons, status_path, write_status
 from nodeagent.kube.node import KubeUnavailableError, NodeFlags, NodePatcher
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health import HealthState
@@ -121,9 +124,15 @@ class Reporter:
         )
         now = time.monotonic()
         if key != self._last_status or now - self._last_written >= interval:
-            write_status(self.state_dir, health, self.node_name)
-            self._last_status = key
-            self._last_written = now
+            try:
+                write_status(self.state_dir, health, self.node_name)
+            except StateFileError as exc:
+                # Logged once per change; the old file stays, and the next report retries.
+                self.model.write_faults.failed(exc)
+            else:
+                self.model.write_faults.succeeded(status_path(self.state_dir))
+                self._last_status = key
+                self._last_written = now
         if self.patcher is None:
             return interval
         if now < self._retry_at:

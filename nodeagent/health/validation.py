@@ -214,7 +214,9 @@ class GpuValidator:
                 log.info("GPU %d (%s): remediation steps passed; it serves again", index, uuid)
             else:
                 self._retry_at[uuid] = self.clock() + policy.retry_s
-                self.model.finish_validation(uuid, False, f"{failed.step}: {failed.detail}")
+                self.model.finish_validation(
+                    uuid, False, f"{failed.step}: {failed.detail}", retry_s=policy.retry_s
+                )
         return out
 
     def run(self, stop: threading.Event) -> None:

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.agent.backend import open_node, preset_names, simulated_preset
+from nodeagent.agent.backend import (
+    MIG_LOCK_FILE,
+    mig_lock_file,
+    open_node,
+    preset_names,
+    simulated_preset,
+)
 from nodeagent.gpu.errors import DriverNotLoaded, InvalidArgument
 
 REQUIRED_PRESETS = (
@@ -79,3 +85,20 @@ def test_argument_wins_over_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("NODEAGENT_SIMULATE", "pcie-h100nvl")
     with open_node(simulate="t4", state_dir=tmp_path) as node:
         assert node.count() == 1
+
+
+def test_a_state_dir_holding_a_node_is_that_node_and_its_lock(tmp_path: Path) -> None:
+    with open_node(simulate="a30x4", state_dir=tmp_path):
+        pass
+    # Neither --simulate nor NODEAGENT_SIMULATE: the directory says which node it simulates.
+    assert simulated_preset(None, environ={}, state_dir=tmp_path) == "a30x4"
+    assert simulated_preset(None, environ={"NODEAGENT_SIM_STATE": str(tmp_path)}) == "a30x4"
+    assert mig_lock_file(None, tmp_path, environ={}) == tmp_path / "mig.lock"
+    with open_node(state_dir=tmp_path) as node:
+        assert node.count() == 4
+    # An empty directory holds no node: real GPUs, and nothing is seeded in it.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert simulated_preset(None, environ={}, state_dir=empty) is None
+    assert mig_lock_file(None, empty, environ={}) == MIG_LOCK_FILE
+    assert not any(empty.iterdir())

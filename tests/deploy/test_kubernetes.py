@@ -177,6 +177,19 @@ def test_mounts_match_the_config(objects: dict[Any, dict[str, Any]]) -> None:
     assert str(config.metrics.pod_resources_socket.parent) in mounted
     if config.device_plugin.enabled:
         assert str(config.device_plugin.kubelet_dir) in mounted
+    # The `cdi` strategy and the DRA driver write CDI specs that the container runtime reads
+    # on the host: their directory is the host's, whichever strategy the config names today
+    # (switching to `cdi` is a config change, not a manifest change); an agent that serves no
+    # devices does not mount it.
+    serves = [
+        (config.device_plugin.cdi_spec_dir, config.device_plugin.enabled),
+        (config.dra.cdi_spec_dir, config.dra.enabled),
+    ]
+    for spec_dir, enabled in serves:
+        if enabled:
+            assert mounted.get(str(spec_dir)) == str(spec_dir), f"{spec_dir} is not the host's"
+    if not any(enabled for _, enabled in serves):
+        assert not {str(d) for d, _ in serves} & mounted.keys(), "mounted by an exporter only"
     assert {m["name"] for m in c["volumeMounts"]} == {v["name"] for v in spec["volumes"]}
 
 

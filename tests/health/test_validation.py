@@ -19,7 +19,10 @@ from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import EventKind, GpuEvent
 from nodeagent.health import validation
 from nodeagent.health.model import HealthModel
+from nodeagent.health.reporter import desired_flags
+from nodeagent.health.statefile import to_json
 from nodeagent.health.validation import GpuValidator
+from nodeagent.health.xids import Action
 from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
@@ -103,6 +106,34 @@ def test_a_failed_validation_keeps_it_withdrawn_and_retries(rig: Rig) -> None:
     rig.clock.advance(61)
     assert [s.result for s in v.run_once()] == ["failed"]
     assert v.passed() == {rig.node.info(1).uuid: False}
+
+
+def test_a_held_gpu_says_what_happens_next_never_a_bare_none(rig: Rig, tmp_path: Path) -> None:
+    rig.fault_and_clear(1)
+    uuid = rig.node.info(1).uuid
+    waiting = rig.model.device_health()[uuid]
+    assert (waiting.state, waiting.action) == (
+        HealthState.UNHEALTHY,
+        "wait: the remediation steps run now; it serves again when they pass",
+    )
+    validator(rig, RemediationPolicy(enabled=True, validate_command=FAIL, retry_s=60)).run_once()
+    health = rig.model.node_health()
+    (row,) = [d for d in to_json(health, "node-1")["devices"] if d["uuid"] == uuid]
+    assert row["state"] == "unhealthy"
+    assert row["action"] == (
+        "fix what the failed step reports (see the reason); the steps re-run every 60s"
+    )
+    assert row["reasons"] == ["validation failed: validate: exit 3: boom"]
+    # The node's condition message carries it too, so `kubectl describe node` says it.
+    message = desired_flags(health, rig.model.config).message
+    assert "the steps re-run every 60s" in message
+    # A restart that starts from this published status does not read it as "drain".
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps(to_json(health, "node-1")))
+    restored = HealthModel(
+        rig.model.config, history_path=tmp_path / "none.json", status_path=status, clock=rig.clock
+    )
+    assert [f.action for f in restored.faults() if f.gpu_uuid == uuid] == [Action.NONE]
 
 
 @pytest.mark.parametrize(
@@ -196,7 +227,7 @@ def test_the_reset_cap_holds_across_agent_restarts(rig: Rig, tmp_path: Path) -> 
         pytest.param("[17000", "not valid JSON", id="truncated"),
         pytest.param('{"at": 1}', "(top): Input should be a valid array", id="wrong shape"),
         pytest.param('[17000, "17001"]', "1: Input should be a valid number", id="not a time"),
-        pytest.param(None, "Not a directory", id="unreadable"),
+        pytest.param(None, "a part of the path is a file, not a directory", id="unreadable"),
         pytest.param("[]", "No space left on device", id="disk full"),
     ],
 )

@@ -33,13 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    plane = ControlPlane(
-        scheduler=True,
-        controller_manager=True,
-        kueue=not args.no_kueue,
-        workdir=None if args.workdir is None else Path(args.workdir),
-    )
     try:
+        # Building the plane finds its programs: one not built yet is a line, not a traceback.
+        plane = ControlPlane(
+            scheduler=True,
+            controller_manager=True,
+            kueue=not args.no_kueue,
+            workdir=None if args.workdir is None else Path(args.workdir),
+        )
         plane.start()
     except ControlPlaneError as exc:
         print(f"error: {exc}", file=sys.stderr)

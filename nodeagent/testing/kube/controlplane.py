@@ -74,10 +74,13 @@ class ControlPlaneError(RuntimeError):
     """A component did not start or stopped; the message names it and its log."""
 
 
-def bins_dir() -> Path:
+def bins_dir(*, kueue: bool = True) -> Path:
     """Where the pinned programs are: env ``NODEAGENT_KUBE_BINS``, else the build's cache dir.
 
-    Raises ControlPlaneError naming ``make kube-bins`` when they have not been built.
+    ``kueue``: the Kueue manager is needed too (a plane without Kueue starts without it).
+
+    Raises ControlPlaneError, one line naming the missing programs and ``make kube-bins``,
+    when they have not been built.
     """
     explicit = os.environ.get(ENV_BINS)
     if explicit:
@@ -86,14 +89,18 @@ def bins_dir() -> Path:
         if not _BUILD_SCRIPT.is_file():
             raise ControlPlaneError(f"set {ENV_BINS} to the directory `make kube-bins` printed")
         out = subprocess.run(
-            ["bash", str(_BUILD_SCRIPT), "--dir"], capture_output=True, text=True, check=True
+            ["bash", str(_BUILD_SCRIPT), "--dir"], capture_output=True, text=True, check=False
         )
+        if out.returncode != 0 or not out.stdout.strip():
+            why = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+            raise ControlPlaneError(f"{_BUILD_SCRIPT} --dir failed: {why}")
         directory = Path(out.stdout.strip().splitlines()[-1])
-    missing = [p for p in (*PROGRAMS, "kueue") if not (directory / "bin" / p).is_file()]
+    wanted = (*PROGRAMS, "kueue") if kueue else PROGRAMS
+    missing = [p for p in wanted if not (directory / "bin" / p).is_file()]
     if missing:
         raise ControlPlaneError(
             f"control plane programs missing in {directory}/bin ({', '.join(missing)}); "
-            "run `make kube-bins`"
+            "run `make kube-bins` to build them"
         )
     return directory
 
@@ -226,11 +233,12 @@ class ControlPlane:
     started_s: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
+        # The programs first: a plane that cannot start leaves no work directory behind.
+        self._bin_root = self.bins or bins_dir(kueue=self.kueue)
         self._owns_workdir = self.workdir is None
         self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="nodeagent-cp-"))
         self.logs_dir = self.workdir / "logs"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        self._bin_root = self.bins or bins_dir()
         self.bin = self._bin_root / "bin"
         self.kueue_manifests = self._bin_root / "kueue"
         self._tokens: dict[str, str] = {}

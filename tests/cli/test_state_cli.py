@@ -1,0 +1,81 @@
+"""State directories as the commands meet them: a simulated node's directory names its node,
+and an agent state file replaced by a directory is one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nodeagent.sim.control import SimControl
+
+
+def nodeagent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command in a child process, with none of this process's NODEAGENT_* settings."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_state_dir_alone_opens_the_simulated_node_it_holds(tmp_path: Path) -> None:
+    SimControl(tmp_path, preset="a30x4").reset("a30x4")
+    by_env = nodeagent("mig", "show", "--json", env={"NODEAGENT_SIM_STATE": str(tmp_path)})
+    assert by_env.returncode == 0, by_env.stderr
+    assert "no NVIDIA driver" not in by_env.stderr
+    by_flag = nodeagent("gpus", "--json", "--state-dir", str(tmp_path))
+    assert by_flag.returncode == 0, by_flag.stderr
+    assert [g["name"] for g in json.loads(by_flag.stdout)] == ["NVIDIA A30"] * 4
+
+
+def test_a_state_dir_without_a_node_still_asks_for_a_preset(tmp_path: Path) -> None:
+    result = nodeagent("mig", "show", env={"NODEAGENT_SIM_STATE": str(tmp_path)})
+    assert result.returncode == 2
+    assert "--simulate PRESET" in result.stderr
+    assert not any(tmp_path.iterdir()), "an empty state directory was seeded without a preset"
+
+
+def test_a_damaged_node_in_the_state_dir_is_named_not_a_missing_driver(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text("{")
+    result = nodeagent("mig", "show", env={"NODEAGENT_SIM_STATE": str(tmp_path)})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"{tmp_path / 'state.json'} is corrupt" in lines[0]
+    assert "nodeagent sim reset" in lines[0]
+
+
+def test_health_status_replaced_by_a_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    status = tmp_path / "health" / "status.json"
+    status.mkdir(parents=True)
+    for json_flag in ([], ["--json"]):
+        result = nodeagent("health", *json_flag, "--agent-state-dir", str(tmp_path))
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"error: cannot read {status}: it is a directory; remove that directory; a running "
+            "agent then writes it again at its next report"
+        ]
+
+
+def test_status_with_a_directory_for_the_health_file_shows_health_unknown(
+    tmp_path: Path,
+) -> None:
+    sim, agent = tmp_path / "sim", tmp_path / "agent"
+    (agent / "health" / "status.json").mkdir(parents=True)
+    result = nodeagent(
+        "status", "--json", "--simulate", "t4", "--state-dir", str(sim),
+        "--agent-state-dir", str(agent),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [g["health"] for g in json.loads(result.stdout)["gpus"]] == ["unknown"]
+    assert "it is a directory" in result.stderr
+    assert "Traceback" not in result.stderr
