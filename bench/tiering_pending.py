@@ -21,13 +21,23 @@ are blocked. Pending pods: 8-, 4- and 2-GPU jobs (some asking for an NVLink
 set), MIG requests of five profiles, a tenth held by Kueue's gate, with the node selectors and
 tolerations of 12 teams.
 
+Second part, ``nodeagent tiering simulate`` from a cluster file (issue 32: 10,000 pending
+one-GPU pods on 4 nodes were killed after 30 s): a generated file of ``--file-pending`` pending
+pods on 4 DGX H100 nodes, run ``--file-passes`` times in process, each run reading and
+validating the file (:func:`load_cluster`, the project's YAML reader), building the simulated
+nodes and running the pass -- target p99 < 5 s for the whole command. Baseline, same run, once:
+the reader it replaced (PyYAML's pure-Python composer, then ``safe_load`` again for the data).
+
 Run: ``.venv/bin/python bench/tiering_pending.py [--nodes 5000] [--pods 50000]
-[--pending 2000] [--passes 30]`` (about 2 minutes on a 2-core VM).
+[--pending 2000] [--passes 30] [--file-pending 10000] [--file-passes 5] [--only-file 1]``
+(about 3 minutes on a 2-core VM).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import random
 import statistics
 import tempfile
@@ -35,14 +45,18 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 from tiering_common import count_options, nearest_rank
 
 from nodeagent import labels as lbl
 from nodeagent.agent.backend import open_node
 from nodeagent.agent.mig_planning import plan_for_diagnosis
+from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, decode, encode
+from nodeagent_tiering.clusterfile import ClusterFile, load_cluster
 from nodeagent_tiering.pending import Diagnoser, Settings
+from nodeagent_tiering.simulate import simulate
 from nodeagent_tiering.view import (
     KUEUE_GATE,
     ClusterView,
@@ -205,10 +219,105 @@ def build(nodes: int, pods: int, pending: int, seed: int) -> ClusterView:
     return ClusterView(tuple(infos), tuple(running + waiting))
 
 
+def cluster_file(path: Path, pending: int) -> None:
+    """4 DGX H100 nodes and ``pending`` pods asking for one GPU each, none of them bound."""
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"job-{i}", "namespace": f"team-{i % TEAMS}"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "trainer:1",
+                        "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    }
+                ]
+            },
+        }
+        for i in range(pending)
+    ]
+    nodes = [{"name": f"dgx-{i}", "preset": "dgx-h100"} for i in range(4)]
+    # Block-style YAML, as people write it (and the slower form to read than JSON's flow).
+    text = yaml.dump(
+        {"version": "v1", "nodes": nodes, "pods": pods},
+        Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+    )
+    path.write_text(text)
+
+
+def old_reader(path: Path) -> ClusterFile:
+    """The cluster-file reader before issue 32: two pure-Python parses of the file."""
+    text = path.read_text()
+    yaml.compose(text)  # the line map
+    return ClusterFile.model_validate(yaml.safe_load(text))
+
+
+def simulate_once(path: Path, workdir: Path) -> tuple[float, float, float, int]:
+    """Read, build, pass: the phases of ``tiering simulate --cluster``, in seconds."""
+    t0 = time.perf_counter()
+    cluster = load_cluster(path)
+    t1 = time.perf_counter()
+    sim = SimulatedCluster(cluster, path.parent, workdir)
+    t2 = time.perf_counter()
+    outcome = simulate(
+        sim.node_objects(), sim.pod_objects(), sim.workload_objects(), None,
+        plan_for_diagnosis, now_s=time.time(),
+    )  # fmt: skip
+    json.dumps(outcome.to_json())  # what --json prints
+    return t1 - t0, t2 - t1, time.perf_counter() - t2, len(outcome.result.diagnoses)
+
+
+def file_part(pending: int, passes: int) -> None:
+    print(f"tiering simulate from a cluster file: 4 nodes, {pending} pending one-GPU pods")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "cluster.yaml"
+        cluster_file(path, pending)
+        print(f"  file size                                           "
+              f"{path.stat().st_size / 1e6:7.1f} MB")  # fmt: skip
+        phases: list[tuple[float, float, float]] = []
+        totals, cpu = [], []
+        for n in range(passes):
+            c = time.process_time()
+            read, build_s, run_s, count = simulate_once(path, Path(d) / f"work-{n}")
+            cpu.append(time.process_time() - c)
+            assert count == pending, count
+            phases.append((read, build_s, run_s))
+            totals.append(read + build_s + run_s)
+
+        def row(name: str, times: list[float], target: str = "") -> None:
+            med, p99 = statistics.median(times), nearest_rank(times, 0.99)
+            print(
+                f"  {name + ', median / p99 of ' + str(passes):52s}{med:7.2f} / {p99:.2f} s{target}"
+            )
+
+        for i, name in enumerate(("read and validate the file", "simulated nodes", "the pass")):
+            row(name, [p[i] for p in phases])
+        row("whole command", totals, "  < 5 s")
+        row("whole command CPU time", cpu)
+        t = time.perf_counter()
+        old_reader(path)
+        old = time.perf_counter() - t
+        ratio = old / statistics.median([p[0] for p in phases])
+        print(f"  {'baseline: the old reader alone (pure-Python YAML)':52s}{old:7.2f} s"
+              f"  ({ratio:.1f}x the new reader)")  # fmt: skip
+        print(
+            f"  load average at the end                             {psutil.getloadavg()[0]:7.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     count_options(parser, nodes=5000, pods=50000, pending=2000, passes=30, naive_every=20, seed=14)
+    count_options(parser, file_pending=10000, file_passes=5, only_file=0)
     args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, "
+          f"libyaml {'yes' if hasattr(yaml, 'CSafeLoader') else 'no'}")  # fmt: skip
+    if args.only_file:
+        file_part(args.file_pending, args.file_passes)
+        return
     proc = psutil.Process()
     started = time.perf_counter()
     print(f"pending-workload diagnosis: {args.nodes} nodes, {args.pods} running pods, "
@@ -251,6 +360,7 @@ def main() -> None:
     print(f"  baseline scaled to {args.pending} pods                          {scaled:7.1f} s"
           f"  ({scaled / med:.0f}x the pass)")  # fmt: skip
     print(f"  (bench wall time {time.perf_counter() - started:.0f} s)")
+    file_part(args.file_pending, args.file_passes)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,26 @@
       - {apiVersion: v1, kind: Pod, metadata: {...}, spec: {...}}   # without it it is pending
     kueue: []                       # optional Kueue objects (Workloads with status, queues...)
 
-Validated strictly with pydantic: unknown fields are errors, in the file's own sections and in
+Read by the project's one YAML reader (:mod:`nodeagent.config.yamlfile`: UTF-8 only, no tags,
+limits on size, nesting and alias expansion sized for a cluster's worth of pods), then
+validated strictly with pydantic: unknown fields are errors, in the file's own sections and in
 the Pod manifests (checked against the Kubernetes client's field names, so a misspelt
-``nodeSelectr`` does not silently change the answer). Every error is one line naming the file,
-the line and the field. Preset names are checked by the command (the simulator is not a
-dependency of the tiering service).
+``nodeSelectr`` does not silently change the answer). What the API server would refuse is
+refused here too, so the simulation never answers for a cluster that cannot exist: label keys
+and values, node, pod and namespace names, taint and toleration keys, and every resource
+quantity (the one Kubernetes quantity parser, :mod:`nodeagent.config.quantity`; device counts
+such as ``nvidia.com/gpu`` must be whole and not negative). Every error is one line naming the
+file, the line and the field (and the pod, for a pod's field). Preset names are checked by the
+command (the simulator is not a dependency of the tiering service).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from kubernetes import client
 from pydantic import (
     AfterValidator,
@@ -39,9 +44,29 @@ from pydantic import (
     create_model,
 )
 
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.quantity import QuantityError, parse_count, parse_quantity
+from nodeagent.config.types import (
+    AnyLabelValue,
+    LabelKey,
+    Labels,
+    dns_label,
+    dns_subdomain,
+    label_key,
+)
+from nodeagent.config.yamlfile import Document, Limits, parse_document, read_document
+
 KUEUE_GROUP = "kueue.x-k8s.io/"
 KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue", "Workload", "Cohort")
-_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# A cluster file holds a cluster's pods: 10,000 pods are ~2 MB and ~150,000 values. The limits
+# leave room for far more, while an alias bomb stops after 200,000 values (well under a second)
+# -- enough for every pod of a large file to share one aliased spec.
+LIMITS = Limits(
+    max_bytes=64 * 1024 * 1024,
+    max_values=5_000_000,
+    max_alias_values=200_000,
+    size_hint="split the cluster into smaller files",
+)
 
 
 class ClusterFileError(ValueError):
@@ -66,21 +91,23 @@ def _known(model: type, typed: dict[str, Any], name: str) -> type[BaseModel]:
     return create_model(name, __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-Quantity = int | str
-
-
 class Resources(_Strict):
-    """A container's resources."""
+    """A container's resources; the quantities are checked per pod (:func:`_resource_problems`), so
+    the error can name the pod."""
 
-    limits: dict[str, Quantity] = {}
-    requests: dict[str, Quantity] = {}
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
     claims: list[dict[str, Any]] | None = None
+
+
+def _toleration_key(key: str) -> str:
+    return key if key == "" else label_key(key)
 
 
 class Toleration(_Strict):
     """A pod toleration."""
 
-    key: str | None = None
+    key: Annotated[str, AfterValidator(_toleration_key)] | None = None
     operator: Literal["Equal", "Exists"] | None = None
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
@@ -103,8 +130,8 @@ def _pod_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
         {
             "containers": (Annotated[list[container], Field(min_length=1)], ...),  # type: ignore[valid-type]
             "initContainers": (list[container] | None, None),  # type: ignore[valid-type]
-            "nodeName": (str | None, None),
-            "nodeSelector": (dict[str, str] | None, None),
+            "nodeName": (Annotated[str, AfterValidator(_node_name)] | None, None),
+            "nodeSelector": (Labels | None, None),
             "tolerations": (list[Toleration] | None, None),
             "schedulingGates": (list[Gate] | None, None),
             "affinity": (dict[str, Any] | None, None),
@@ -114,10 +141,13 @@ def _pod_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
     meta = _known(
         client.V1ObjectMeta,
         {
-            "name": (str, ...),
-            "namespace": (str, "default"),
-            "labels": (dict[str, str] | None, None),
-            "annotations": (dict[str, str] | None, None),
+            "name": (Annotated[str, AfterValidator(_pod_name)], ...),
+            "namespace": (Annotated[str, AfterValidator(_namespace)], "default"),
+            "labels": (Labels | None, None),
+            "annotations": (
+                Annotated[dict[str, str], AfterValidator(_annotation_keys)] | None,
+                None,
+            ),
         },
         "ObjectMeta",
     )
@@ -145,9 +175,21 @@ def _pod_model() -> type[BaseModel]:
 
 
 def _node_name(value: str) -> str:
-    if not _DNS_NAME.match(value):
-        raise ValueError(f"{value!r} is not a valid node name (DNS-1123 subdomain)")
-    return value
+    return dns_subdomain(value, 253, "node name")
+
+
+def _pod_name(value: str) -> str:
+    return dns_subdomain(value, 253, "pod name")
+
+
+def _namespace(value: str) -> str:
+    return dns_label(value, "namespace")
+
+
+def _annotation_keys(values: dict[str, str]) -> dict[str, str]:
+    for key in values:  # annotation keys follow the label-key rules; values are free text
+        label_key(key)
+    return values
 
 
 def _kueue_api_version(value: str) -> str:
@@ -159,8 +201,8 @@ def _kueue_api_version(value: str) -> str:
 class Taint(_Strict):
     """A node taint."""
 
-    key: str
-    value: str = ""
+    key: LabelKey
+    value: AnyLabelValue = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -176,7 +218,7 @@ class Node(_Strict):
 
     name: Annotated[str, AfterValidator(_node_name)]
     preset: str
-    labels: dict[str, str] = {}
+    labels: Labels = {}
     taints: list[Taint] = []
     unschedulable: bool = False
     mig: Mig | None = None
@@ -204,23 +246,8 @@ class ClusterFile(_Strict):
 # --- loading with lines -------------------------------------------------------------------------
 
 
-def _lines(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            out[(*path, key.value)] = key.start_mark.line + 1
-            _lines(value, (*path, key.value), out)
-            out[(*path, key.value)] = key.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _lines(item, (*path, i), out)
-
-
-def _line(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int:
-    for n in range(len(loc), -1, -1):
-        if loc[:n] in lines:
-            return lines[loc[:n]]
-    return 1
+def _line(doc: Document, loc: tuple[Any, ...]) -> int:
+    return doc.line(loc) or 1
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -228,10 +255,10 @@ def _where(loc: tuple[Any, ...]) -> str:
 
 
 def _first_error(
-    source: str,
+    doc: Document,
     exc: ValidationError,
-    lines: dict[tuple[Any, ...], int],
     prefix: tuple[Any, ...] = (),
+    pod: str | None = None,
 ) -> str:
     err = exc.errors()[0]
     loc = (*prefix, *err["loc"])
@@ -242,58 +269,89 @@ def _first_error(
         message = "required field missing"
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
-    return f"{source}:{_line(lines, loc)}: {_where(loc)}: {message}"
+    if pod is not None:
+        message = f"{message} (pod {pod})"
+    return f"{doc.name}:{_line(doc, loc)}: {_where(loc)}: {message}"
 
 
-def parse_cluster(text: str, source: str = "<cluster>") -> ClusterFile:
+def _resource_problems(spec: Mapping[str, Any]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """``(path below spec, what is wrong)`` for each resource the API server would refuse."""
+    for section in ("containers", "initContainers"):
+        for c_index, container in enumerate(spec.get(section) or ()):
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):
+                for name, value in (resources.get(kind) or {}).items():
+                    at = (section, c_index, "resources", kind, name)
+                    try:
+                        label_key(name)  # a resource name is a qualified name, like a label key
+                    except ValueError:
+                        yield at, f"{name!r} is not a valid resource name"
+                        continue
+                    try:
+                        if "/" in name and not name.startswith("kubernetes.io/"):
+                            parse_count(value)  # an extended resource: whole devices
+                        elif parse_quantity(value) < 0:
+                            yield at, f"{value!r} is negative; a quantity is 0 or more"
+                    except QuantityError as exc:
+                        yield at, str(exc)
+
+
+def parse_cluster(text: str | bytes, source: str = "<cluster>") -> ClusterFile:
     """Validate a cluster file's text.
 
     Raises:
         ClusterFileError: the first problem, as ``file:line: field: what``.
     """
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise ClusterFileError(f"{source}:{line}: not valid YAML ({exc})") from None
-    if root is None or data is None:
+        doc = parse_document(text, source, LIMITS)
+    except ConfigError as exc:
+        raise ClusterFileError(str(exc.problems[0])) from None
+    return _validate(doc)
+
+
+def _validate(doc: Document) -> ClusterFile:
+    source, data = doc.name, doc.data
+    if data is None:
         raise ClusterFileError(f"{source}:1: the file is empty; start it with `version: v1`")
-    lines: dict[tuple[Any, ...], int] = {}
-    _lines(root, (), lines)
     if isinstance(data, dict) and data.get("version", "v1") != "v1":
         raise ClusterFileError(
-            f"{source}:{_line(lines, ('version',))}: version: {data['version']!r} is not "
+            f"{source}:{_line(doc, ('version',))}: version: {data['version']!r} is not "
             "supported (this nodeagent reads v1)"
         )
     try:
         cluster = ClusterFile.model_validate(data)
     except ValidationError as exc:
-        raise ClusterFileError(_first_error(source, exc, lines)) from None
+        raise ClusterFileError(_first_error(doc, exc)) from None
     pod_model = _pod_model()
     seen: dict[str, int] = {}
     for i, pod in enumerate(cluster.pods):
+        meta = pod.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        key = f"{(meta or {}).get('namespace') or 'default'}/{name}" if name else None
         try:
             pod_model.model_validate(pod)
         except ValidationError as exc:
-            raise ClusterFileError(_first_error(source, exc, lines, ("pods", i))) from None
-        meta = pod["metadata"]
-        key = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+            raise ClusterFileError(_first_error(doc, exc, ("pods", i), key)) from None
+        for at, problem in _resource_problems(pod["spec"]):
+            loc = ("pods", i, "spec", *at)
+            raise ClusterFileError(
+                f"{source}:{_line(doc, loc)}: {_where(loc)}: {problem} (pod {key})"
+            )
+        assert key is not None  # the model requires metadata.name
         if key in seen:
             raise ClusterFileError(
-                f"{source}:{_line(lines, ('pods', i))}: pods.{i}: pod {key} is already defined "
+                f"{source}:{_line(doc, ('pods', i))}: pods.{i}: pod {key} is already defined "
                 f"at line {seen[key]}"
             )
-        seen[key] = _line(lines, ("pods", i))
+        seen[key] = _line(doc, ("pods", i))
     names: dict[str, int] = {}
     for i, node in enumerate(cluster.nodes):
         if node.name in names:
             raise ClusterFileError(
-                f"{source}:{_line(lines, ('nodes', i, 'name'))}: nodes.{i}.name: node "
+                f"{source}:{_line(doc, ('nodes', i, 'name'))}: nodes.{i}.name: node "
                 f"{node.name} is already defined at line {names[node.name]}"
             )
-        names[node.name] = _line(lines, ("nodes", i, "name"))
+        names[node.name] = _line(doc, ("nodes", i, "name"))
     return cluster
 
 
@@ -301,19 +359,19 @@ def load_cluster(path: Path) -> ClusterFile:
     """Read and validate a cluster file.
 
     Raises:
-        ClusterFileError: unreadable or invalid (one line naming the file and line).
+        ClusterFileError: unreadable, not UTF-8, beyond the reader's limits, or invalid (one
+            line naming the file and line).
     """
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ClusterFileError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_cluster(text, str(path))
+        doc = read_document(path, LIMITS)
+    except ConfigError as exc:
+        raise ClusterFileError(str(exc.problems[0])) from None
+    return _validate(doc)
 
 
 def line_of(text: str, loc: tuple[Any, ...]) -> int:
     """The line of ``loc`` (``("nodes", 0, "preset")``) in a cluster file's text."""
-    lines: dict[tuple[Any, ...], int] = {}
-    root = yaml.compose(text)
-    if root is not None:
-        _lines(root, (), lines)
-    return _line(lines, loc)
+    try:
+        return _line(parse_document(text, "<cluster>", LIMITS), loc)
+    except ConfigError:
+        return 1

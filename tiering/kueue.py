@@ -15,10 +15,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from nodeagent import labels as lbl
+from nodeagent.config import quantity
 
 GROUP = "kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # what nodeagent can speak, most preferred first
@@ -91,42 +91,13 @@ def managed(obj: Mapping[str, Any]) -> bool:
 def parse_quantity(value: Any) -> float:
     """A Kubernetes quantity (``4``, ``"4"``, ``"500m"``, ``"2k"``, ``"1Gi"``) as a number.
 
-    GPU counts are plain integers, which take the fast path; anything else goes through the
-    suffix table. A value that is not a quantity raises ValueError.
+    The one parser (:mod:`nodeagent.config.quantity`), as a float for the sums and ratios the
+    readers of Kueue objects compute. A value that is not a quantity raises ValueError.
     """
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    if text.isdigit():
-        return float(text)
-    found = next(((sfx, f) for sfx, f in _SUFFIXES if text.endswith(sfx)), None)
-    number, factor = (text[: -len(found[0])], found[1]) if found else (text, Decimal(1))
     try:
-        result = Decimal(number) * factor
-    except InvalidOperation:
-        raise ValueError(f"not a quantity: {value!r}") from None
-    if not result.is_finite():
-        raise ValueError(f"not a quantity: {value!r}")
-    return float(result)
-
-
-_SUFFIXES: tuple[tuple[str, Decimal], ...] = (
-    ("Ki", Decimal(2) ** 10),
-    ("Mi", Decimal(2) ** 20),
-    ("Gi", Decimal(2) ** 30),
-    ("Ti", Decimal(2) ** 40),
-    ("Pi", Decimal(2) ** 50),
-    ("Ei", Decimal(2) ** 60),
-    ("n", Decimal("1e-9")),
-    ("u", Decimal("1e-6")),
-    ("m", Decimal("1e-3")),
-    ("k", Decimal("1e3")),
-    ("M", Decimal("1e6")),
-    ("G", Decimal("1e9")),
-    ("T", Decimal("1e12")),
-    ("P", Decimal("1e15")),
-    ("E", Decimal("1e18")),
-)
+        return float(quantity.parse_quantity(value))
+    except quantity.QuantityError as exc:
+        raise ValueError(f"not a quantity: {exc}") from None
 
 
 def quantity_text(value: float) -> str:

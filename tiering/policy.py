@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from nodeagent import labels as lbl
 from nodeagent.config.errors import ConfigError, FieldError
 from nodeagent.config.loader import Schema, load_file, validate_document
-from nodeagent.config.types import LabelValue
+from nodeagent.config.types import LabelKey, Labels, LabelValue, any_label_value
 from nodeagent.config.yamlfile import Document
 
 KIND = "a tier policy"
@@ -47,7 +47,7 @@ class Stability(enum.StrEnum):
 class Requirement(Schema):
     """One expression over a node label."""
 
-    key: str = Field(min_length=1, description="the label")
+    key: LabelKey = Field(description="the label")
     operator: Operator
     values: tuple[str, ...] = ()
 
@@ -58,6 +58,12 @@ class Requirement(Schema):
             found.add("values", f"{self.key}: {self.operator} takes no values")
         if self.operator in (Operator.IN, Operator.NOT_IN) and not self.values:
             found.add("values", f"{self.key}: {self.operator} needs at least one value")
+        if self.operator in (Operator.IN, Operator.NOT_IN):
+            for index, value in enumerate(self.values):
+                try:
+                    any_label_value(value)  # a value no label can hold would never match
+                except ValueError as exc:
+                    found.add(("values", index), str(exc))
         if self.operator in (Operator.GT, Operator.LT) and (
             len(self.values) != 1 or not _is_number(self.values[0])
         ):
@@ -93,7 +99,7 @@ def _is_number(text: str) -> bool:
 class Selector(Schema):
     """Labels a node must carry (all of them)."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict, description="label: value")
+    match_labels: Labels = Field(default_factory=dict, description="label: value")
     match_expressions: tuple[Requirement, ...] = Field(
         (), description="key, operator (In, NotIn, Exists, DoesNotExist, Gt, Lt), values"
     )
@@ -205,8 +211,8 @@ class DrainPolicy(Schema):
         le=3600,
         description="retry interval cap (NVSentinel: 10 s doubling to 2 min)",
     )
-    taint_key: str = Field(
-        lbl.QUARANTINE_TAINT, min_length=1, description="taint put on a node being drained"
+    taint_key: LabelKey = Field(
+        lbl.QUARANTINE_TAINT, description="taint put on a node being drained"
     )
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
@@ -216,11 +222,8 @@ class PendingPolicy(Schema):
 
     # Without a topology request only the count matters, which is all kube-scheduler checks
     # for extended resources.
-    topology_key: str = Field(
+    topology_key: LabelKey = Field(
         lbl.GPU_TOPOLOGY,
-        min_length=1,
-        max_length=253,
-        pattern=r"\S",
         description='pod label or annotation asking for GPU topology: "nvlink" or "numa"',
     )
 

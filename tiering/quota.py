@@ -15,14 +15,18 @@ tier. :func:`render` turns the policy into what Kueue runs on:
 - one LocalQueue per team namespace and tier (named after the tier unless the policy says
   otherwise), so a job picks its tier with ``kueue.x-k8s.io/queue-name: training``.
 
-Loading is strict (pydantic v2, unknown fields refused) and every problem is one line naming
-the file, the line and the field.
+Loading is strict (the project's one YAML reader, :mod:`nodeagent.config.yamlfile`, then
+pydantic v2 with unknown fields refused) and every problem is one line naming the file, the
+line and the field. Every name that ends up on a Kubernetes object is checked against
+Kubernetes' own rules when the file is read (tier and product names become label values, taint
+keys label keys, team and queue names object names), and every count must fit the int64 of a
+Kubernetes quantity, so :func:`render` never writes an object the API server would refuse.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,6 +43,10 @@ from pydantic import (
 )
 
 from nodeagent import labels as lbl
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.quantity import MAX as MAX_QUANTITY
+from nodeagent.config.types import any_label_value, dns_subdomain, label_key, label_value
+from nodeagent.config.yamlfile import parse_document, read_document
 from nodeagent_tiering import kueue
 from nodeagent_tiering.flavors import Flavor, FlavorSettings, TaintSpec, desired_flavors
 
@@ -62,8 +70,11 @@ class QuotaPolicyError(ValueError):
 def _whole_or_unlimited(value: Any) -> Any:
     if value == "unlimited":
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError("must be a whole number of devices (0 or more) or 'unlimited'")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUANTITY:
+        raise ValueError(
+            "must be a whole number of devices (0 to 2^63-1, Kubernetes' largest quantity) "
+            "or 'unlimited'"
+        )
     return value
 
 
@@ -92,12 +103,15 @@ class TierSettings(_Model):
 class ResourceQuota(_Model):
     """One team's quota of one resource in one tier (or GPU product)."""
 
-    guaranteed: StrictInt = Field(ge=0)  # devices always available to the team: nominalQuota
+    # Devices always available to the team: nominalQuota, a Kubernetes quantity (int64).
+    guaranteed: StrictInt = Field(ge=0, le=MAX_QUANTITY)
     type: Literal["hard", "soft"] = "soft"  # hard: never lent (lendingLimit 0); soft: lendable
     # How many more the team may borrow from the tier's idle quota (borrowingLimit); 0 by
     # default, so a team gets what it is guaranteed unless the policy says it may burst.
     borrow: Annotated[int | None, BeforeValidator(_whole_or_unlimited)] = 0
-    lend: StrictInt | None = Field(default=None, ge=0)  # soft only: at most this much lent at once
+    lend: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_QUANTITY
+    )  # soft only: at most this much lent at once
 
     @property
     def unlimited_borrow(self) -> bool:
@@ -166,23 +180,6 @@ class QuotaPolicy(_Model):
 
 
 # --- loading ------------------------------------------------------------------------------------
-
-
-def _lines(node: yaml.Node | None) -> dict[tuple[str, ...], int]:
-    """Key path -> 1-based line of every mapping key and list item of a composed document."""
-    out: dict[tuple[str, ...], int] = {}
-    stack: list[tuple[yaml.Node, tuple[str, ...]]] = [(node, ())] if node is not None else []
-    while stack:
-        current, path = stack.pop()
-        out.setdefault(path, current.start_mark.line + 1)
-        if isinstance(current, yaml.MappingNode):
-            for key, value in current.value:
-                out[(*path, str(key.value))] = key.start_mark.line + 1
-                stack.append((value, (*path, str(key.value))))
-        elif isinstance(current, yaml.SequenceNode):
-            for index, item in enumerate(current.value):
-                stack.append((item, (*path, str(index))))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,25 +258,30 @@ def load_quota_policy(path: Path, *, tiers: Iterable[str] | None = None) -> Quot
             each, naming the file, the line and the field).
     """
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise QuotaPolicyError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse_quota_policy(text, source=str(path), tiers=tiers)
+        doc = read_document(path)
+    except ConfigError as exc:
+        raise QuotaPolicyError(str(exc)) from None
+    return _validate(doc.name, doc.data, doc.lines, tiers)
 
 
 def parse_quota_policy(
-    text: str, *, source: str = "<quota policy>", tiers: Iterable[str] | None = None
+    text: str | bytes, *, source: str = "<quota policy>", tiers: Iterable[str] | None = None
 ) -> QuotaPolicy:
     """Validate a policy given as YAML text (see :func:`load_quota_policy`)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise QuotaPolicyError(f"{source}{line}: not valid YAML: {problem}") from None
-    where = _Where(source, _lines(node))
+        doc = parse_document(text, source)
+    except ConfigError as exc:
+        raise QuotaPolicyError(str(exc)) from None
+    return _validate(source, doc.data, doc.lines, tiers)
+
+
+def _validate(
+    source: str,
+    data: Any,
+    lines: Mapping[tuple[str | int, ...], int],
+    tiers: Iterable[str] | None,
+) -> QuotaPolicy:
+    where = _Where(source, {tuple(str(p) for p in path): line for path, line in lines.items()})
     if not isinstance(data, Mapping):
         raise QuotaPolicyError(f"{source}: expected a mapping with version: v1 and teams")
     if data.get("version") != "v1":
@@ -306,10 +308,12 @@ def check_policy(
         problems.append((["teams"], "list at least one team"))
     known = set(tiers) if tiers is not None else None
     for name, settings in policy.tiers.items():
+        problems.extend(_tier_name_problems(["tiers", name], name))
         if known is not None and name not in known:
             problems.append((["tiers", name], _unknown_tier(name, known)))
         if len(set(settings.products)) != len(settings.products):
             problems.append((["tiers", name, "products"], "a product is listed twice"))
+        problems.extend(_settings_problems(["tiers", name], settings))
     try:
         _flavors(policy)  # flavor names: valid and distinct
     except ValueError as exc:
@@ -336,6 +340,11 @@ def check_policy(
                 )
         for q_index, ref in enumerate(team.local_queues):
             where: list[str | int] = [*base, "local_queues", q_index]
+            problems.extend(_tier_name_problems([*where, "tier"], ref.tier))
+            if not DNS_LABEL.fullmatch(ref.namespace) or len(ref.namespace) > 63:
+                problems.append(([*where, "namespace"], f"{ref.namespace!r} is not a namespace"))
+            if not DNS_LABEL.fullmatch(ref.name) or len(ref.name) > 63:
+                problems.append(([*where, "name"], f"{ref.name!r} is not a DNS label"))
             if ref.tier not in team.tiers:
                 problems.append(
                     ([*where, "tier"], f"team {team.name} has no quota in tier {ref.tier}")
@@ -349,6 +358,9 @@ def check_policy(
                 )
         for tier, tt in team.tiers.items():
             here: list[str | int] = [*base, "tiers", tier]
+            problems.extend(_tier_name_problems(here, tier))
+            for product in tt.products:
+                problems.extend(_checked([*here, "products", product], label_value, product))
             if known is not None and tier not in known:
                 problems.append((here, _unknown_tier(tier, known)))
             problems.extend(_check_team_tier(policy, team, tier, tt, here))
@@ -362,6 +374,43 @@ def check_policy(
                     problems.append((here, f"LocalQueue {ns}/{queue} is also {queues[key]}'s"))
                 if not DNS_LABEL.match(queue):
                     problems.append((here, f"LocalQueue name {queue!r} is not a DNS label"))
+    return problems
+
+
+def _checked(
+    path: list[str | int], check: Callable[[str], str], value: str
+) -> list[tuple[list[str | int], str]]:
+    """``[(path, why)]`` when ``check`` (a Kubernetes name rule) refuses ``value``."""
+    try:
+        check(value)
+    except ValueError as exc:
+        return [(path, str(exc))]
+    return []
+
+
+def _tier_name_problems(path: list[str | int], name: str) -> list[tuple[list[str | int], str]]:
+    # A tier becomes the value of the tier label on nodes and flavors.
+    return [(p, f"tier name: {why}") for p, why in _checked(path, label_value, name)]
+
+
+def _settings_problems(
+    path: list[str | int], settings: TierSettings
+) -> list[tuple[list[str | int], str]]:
+    problems: list[tuple[list[str | int], str]] = []
+    if settings.cohort is not None:
+        problems.extend(
+            _checked(
+                [*path, "cohort"],
+                lambda c: dns_subdomain(c, 253, "cohort name (a DNS subdomain)"),
+                settings.cohort,
+            )
+        )
+    for p_index, product in enumerate(settings.products):
+        # Each product is the value of nvidia.com/gpu.product in a flavor's node labels.
+        problems.extend(_checked([*path, "products", p_index], label_value, product))
+    for t_index, taint in enumerate(settings.taints):
+        problems.extend(_checked([*path, "taints", t_index, "key"], label_key, taint.key))
+        problems.extend(_checked([*path, "taints", t_index, "value"], any_label_value, taint.value))
     return problems
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
+from nodeagent.config.quantity import QuantityError, parse_count
 from nodeagent.published import PublishedError, PublishedNode, decode
 from nodeagent_tiering.kube import parse_time
 from nodeagent_tiering.nodes import DRAIN_ANNOTATION
@@ -60,14 +61,17 @@ def resource_kind(name: str) -> tuple[Kind, str | None] | None:
 
 
 def quantity(value: Any) -> int:
-    """An extended-resource quantity as a count (they are integers; ``2`` or ``"2"``)."""
+    """An extended-resource quantity (``2``, ``"2"``, ``"2k"``) as a count of devices.
+
+    The project's one quantity parser (:mod:`nodeagent.config.quantity`). The API server
+    refuses a device count that is not a whole, non-negative quantity, and the cluster file is
+    checked the same way when it is read, so the value 0 for one it would refuse is only ever
+    seen for a hand-made object: it then counts as no devices, never as a traceback.
+    """
     try:
-        return int(str(value).strip())
-    except ValueError:
-        try:
-            return int(float(str(value)))
-        except ValueError:
-            return 0
+        return parse_count(value)
+    except QuantityError:
+        return 0
 
 
 # --- nodes --------------------------------------------------------------------------------------
@@ -210,13 +214,16 @@ class PodInfo:
         return self.node_name is not None and self.phase not in ("Succeeded", "Failed")
 
 
-def _requirement(expr: Mapping[str, Any]) -> Requirement | None:
+def _requirement(expr: Mapping[str, Any], *, field: bool = False) -> Requirement | None:
+    key = str(expr.get("key", ""))
+    values = tuple(str(v) for v in expr.get("values") or ())
     try:
-        return Requirement(
-            key=str(expr.get("key", "")),
-            operator=Operator(str(expr.get("operator", ""))),
-            values=tuple(str(v) for v in expr.get("values") or ()),
-        )
+        operator = Operator(str(expr.get("operator", "")))
+        if field:
+            # matchFields compares metadata.name: node names (up to 253 characters), which
+            # the label-value rule of a label expression would refuse.
+            return Requirement.model_construct(key=key, operator=operator, values=values)
+        return Requirement(key=key, operator=operator, values=values)
     except ValueError:
         return None  # an expression the API server would have rejected
 
@@ -228,7 +235,7 @@ def _affinity(spec: Mapping[str, Any]) -> tuple[Term, ...]:
     terms = []
     for term in node.get("nodeSelectorTerms") or ():
         exprs = [_requirement(e) for e in term.get("matchExpressions") or ()]
-        fields_ = [_requirement(e) for e in term.get("matchFields") or ()]
+        fields_ = [_requirement(e, field=True) for e in term.get("matchFields") or ()]
         terms.append(
             Term(
                 tuple(r for r in exprs if r is not None),

@@ -14,7 +14,7 @@ import pytest
 
 from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import load_agent_config
-from nodeagent.config.yamlfile import MAX_BYTES, MAX_VALUES
+from nodeagent.config.yamlfile import MAX_ALIAS_VALUES, MAX_BYTES, MAX_DEPTH
 from nodeagent_mig.config import load_config, load_hooks
 from nodeagent_tiering.policy import load_policy
 
@@ -69,14 +69,36 @@ BAD_CONTENT = [
     pytest.param(b"version: v1\nx: 1\nx: 2\n", 3, "x: given twice", id="duplicate-key"),
     pytest.param(b"version: v1\n\x00\n", 2, "character #x0000 is not allowed", id="nul"),
     pytest.param(b"version: v1\n? [a, b]\n: 1\n", 2, "must be plain text", id="list-key"),
-    pytest.param(b"version: v1\na: &a [*a]\n", None, "nested deeper than", id="recursive-alias"),
-    pytest.param(BOMB, None, f"more than {MAX_VALUES} values", id="alias-bomb"),
+    pytest.param(
+        b"version: v1\na: &a [*a]\n",
+        None,
+        f"nested deeper than {MAX_DEPTH} levels (the depth limit)",
+        id="recursive-alias",
+    ),
+    pytest.param(
+        BOMB,
+        None,
+        f"YAML aliases expand to more than {MAX_ALIAS_VALUES} values (the alias limit",
+        id="alias-bomb",
+    ),
+    pytest.param(
+        b"version: v1\nx: " + b"[" * 65 + b"]" * 65 + b"\n",
+        2,
+        f"nested deeper than {MAX_DEPTH} levels (the depth limit)",
+        id="deep",
+    ),
+    pytest.param(
+        b"version: v1\nx: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+        2,
+        f"nested deeper than {MAX_DEPTH} levels (the depth limit)",
+        id="deeper-than-libyaml-parses",
+    ),
     pytest.param(b"version: v2\n", 1, "unsupported version 'v2'", id="version"),
     pytest.param(b"x: 1\n", 1, "version: missing", id="no-version"),
     pytest.param(
         b"version: v1\n" + b"# padding\n" * (MAX_BYTES // 10),
         None,
-        "larger than 1024 KiB",
+        "larger than 1024 KiB (the size limit)",
         id="huge",
     ),
 ]

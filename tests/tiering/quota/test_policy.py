@@ -258,7 +258,7 @@ BAD = [
         "version: v1\nteams:\n  - name: ml\n    namespaces: [ml]\n    tiers:\n      t:\n"
         "        resources:\n          nvidia.com/gpu: {guaranteed: 3, borrow: lots}\n",
         ":8: teams.0.tiers.t.resources.nvidia.com/gpu.borrow: must be a whole number of devices "
-        "(0 or more) or 'unlimited'",
+        "(0 to 2^63-1, Kubernetes' largest quantity) or 'unlimited'",
         id="borrow",
     ),
     pytest.param(
@@ -294,6 +294,47 @@ BAD = [
         "      training: {resources: {nvidia.com/gpu: {guaranteed: 1}}}\n",
         ":8: teams.0.tiers.training.resources: tier training has a flavor per product",
         id="per-product tier needs per-product quota",
+    ),
+    # Names and numbers the API server would refuse, caught when the file is read (issue 32).
+    pytest.param(
+        "version: v1\nteams:\n  - name: ml\n    namespaces: [ml]\n    tiers:\n"
+        "      Bad Tier: {resources: {nvidia.com/gpu: {guaranteed: 1}}}\n",
+        ":6: teams.0.tiers.Bad Tier: tier name: 'Bad Tier' must be a valid label value",
+        id="a tier name that is no label value",
+    ),
+    pytest.param(
+        "version: v1\ntiers:\n  'Bad Tier': {}\nteams:\n  - name: ml\n    namespaces: [ml]\n"
+        "    tiers:\n      t: {resources: {nvidia.com/gpu: {guaranteed: 1}}}\n",
+        ":3: tiers.Bad Tier: tier name: 'Bad Tier' must be a valid label value",
+        id="a tier setting's name that is no label value",
+    ),
+    pytest.param(
+        "version: v1\nteams:\n  - name: ml\n    namespaces: [ml]\n    tiers:\n      t:\n"
+        f"        resources:\n          nvidia.com/gpu: {{guaranteed: {10**30}}}\n",
+        ":8: teams.0.tiers.t.resources.nvidia.com/gpu.guaranteed: Input should be less than or "
+        f"equal to {2**63 - 1}",
+        id="a nominalQuota beyond int64",
+    ),
+    pytest.param(
+        "version: v1\ntiers:\n  t: {taints: [{key: '!!bad key', effect: NoSchedule}]}\n"
+        "teams:\n  - name: ml\n    namespaces: [ml]\n"
+        "    tiers:\n      t: {resources: {nvidia.com/gpu: {guaranteed: 1}}}\n",
+        ":3: tiers.t.taints.0.key: '!!bad key' is not a valid label key",
+        id="a taint key that is no label key",
+    ),
+    pytest.param(
+        "version: v1\ntiers:\n  t: {products: [NVIDIA H100]}\nteams:\n  - name: ml\n"
+        "    namespaces: [ml]\n    tiers:\n"
+        "      t: {products: {NVIDIA H100: {nvidia.com/gpu: {guaranteed: 1}}}}\n",
+        ":3: tiers.t.products.0: 'NVIDIA H100' must be a valid label value",
+        id="a product that is no label value",
+    ),
+    pytest.param(
+        "version: v1\ntiers:\n  t: {cohort: Big_Cohort}\nteams:\n  - name: ml\n"
+        "    namespaces: [ml]\n    tiers:\n"
+        "      t: {resources: {nvidia.com/gpu: {guaranteed: 1}}}\n",
+        ":3: tiers.t.cohort: 'Big_Cohort' is not a valid cohort name",
+        id="a cohort that is no object name",
     ),
 ]
 
@@ -336,7 +377,7 @@ def test_example_renders_for_the_shipped_tiers_as_multi_document_yaml(tmp_path):
 def test_quota_errors_exit_2_without_a_policy_file(tmp_path):
     result = CliRunner().invoke(app, ["quota", "render", "-f", str(tmp_path / "absent.yaml")])
     assert result.exit_code == 2
-    assert "cannot read" in result.stderr
+    assert "absent.yaml: no such file; check the path" in result.stderr
 
 
 def test_parse_errors_list_every_problem():
