@@ -5,102 +5,45 @@ atomically (:mod:`nodeagent.atomicfile`) at every change, so a kill -9 leaves th
 the new one. A dynamic MIG instance is written down as an *intent* (GPU, profile, placement)
 before it is created and confirmed after: a plugin killed between the two finds the intent on
 restart and adopts the instance it finds at that placement instead of creating a second one.
+
+The file's format lives in :mod:`nodeagent.holds.dra_checkpoint`, below the features, because
+``nodeagent mig apply`` reads it too (an instance a prepared claim holds is never destroyed
+without ``--force``, which marks the claim failed in this file). This module is the driver's
+in-memory view of it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from nodeagent.holds.dra_checkpoint import (
+    FILE,
+    VERSION,
+    ClaimRecord,
+    MigIntent,
+    MpsRecord,
+    PreparedDevice,
+    checkpoint_path,
+    read_claims,
+    write_claims,
+)
 
-from nodeagent.atomicfile import first_problem, write_json_atomic
+__all__ = [
+    "FILE",
+    "VERSION",
+    "Checkpoint",
+    "ClaimRecord",
+    "MigIntent",
+    "MpsRecord",
+    "PreparedDevice",
+    "checkpoint_path",
+    "read_managed",
+]
 
 log = logging.getLogger(__name__)
-
-FILE = "checkpoint.json"
-VERSION = 1
-
-
-def checkpoint_path(state_dir: Path) -> Path:
-    """Where the checkpoint of the agent with ``state_dir`` lives."""
-    return state_dir / "dra" / FILE
-
-
-@dataclass(frozen=True, slots=True)
-class MigIntent:
-    """A MIG instance the plugin makes (or made) for a claim's device."""
-
-    gpu_index: Annotated[int, Field(alias="gpu")]
-    profile: str
-    start: int
-    size: int
-    instance_id: int | None = None  # set once created
-    uuid: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MpsRecord:
-    """The MPS control daemon a device of an MPS claim needs (rebuilt from here at restart)."""
-
-    uuid: str  # the GPU or MIG device the daemon serves
-    gpu_index: Annotated[int, Field(alias="gpu")]
-    active_thread_percentage: int | None = None
-    pinned_memory_limit_mib: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    """One device of a prepared claim, as NodePrepareResources returned it."""
-
-    requests: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_ids: tuple[str, ...] = ()
-    mig: MigIntent | None = None
-    share_id: str | None = None
-    mps: MpsRecord | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRecord:
-    """A claim the plugin prepares (``prepared`` False while its devices are being made)."""
-
-    uid: Annotated[str, Field(exclude=True)]  # the key of the claim in the file
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...]
-    prepared: bool = False
-    since_s: float = 0.0
-
-
-# The file's claims, uid -> record (the uid is the key, not repeated inside). pydantic reads and
-# writes the records field by field, under the aliases the file has always used ("gpu").
-# Built at the first read or write, not at import (defer_build).
-_CLAIMS = TypeAdapter(dict[str, ClaimRecord], config=ConfigDict(defer_build=True))
-
-
-def _read(path: Path) -> dict[str, ClaimRecord]:
-    """The claims in ``path``; OSError, or ValueError naming what is wrong with the file."""
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    version = raw.get("version") if isinstance(raw, dict) else None
-    if version != VERSION:
-        raise ValueError(f"version {version!r}, expected {VERSION}")
-    if not isinstance(raw.get("claims"), dict):
-        raise ValueError("no claims map")
-    try:
-        return _CLAIMS.validate_python(
-            {
-                uid: {**record, "uid": uid} if isinstance(record, dict) else record
-                for uid, record in raw["claims"].items()
-            }
-        )
-    except ValidationError as exc:
-        raise ValueError(first_problem(exc, "claims")) from None
 
 
 @dataclass
@@ -114,7 +57,7 @@ class Checkpoint:
     def load(cls, path: Path) -> Checkpoint:
         """Read ``path``; a missing file is empty, an unreadable one is set aside and logged."""
         try:
-            claims = _read(path)
+            claims = read_claims(path)
         except FileNotFoundError:
             return cls(path)
         except (OSError, ValueError) as exc:
@@ -152,20 +95,28 @@ class Checkpoint:
             (r, d, d.mps) for r in records if r.prepared for d in r.devices if d.mps is not None
         ]
 
+    def failure(self, uid: str) -> str:
+        """Why the claim ``uid`` failed ("" when it did not), read from the file: ``mig apply
+        --force`` marks it there when it destroys an instance the claim held."""
+        try:
+            on_disk = read_claims(self.path).get(uid)
+        except (OSError, ValueError):
+            on_disk = None  # unreadable now: what memory says stands
+        record = self.claims.get(uid)
+        if record is not None and on_disk is not None and on_disk.failed and not record.failed:
+            self.claims[uid] = record = replace(record, failed=on_disk.failed)
+        return record.failed if record is not None else ""
+
     def _write(self) -> None:
-        write_json_atomic(
-            self.path,
-            {
-                "version": VERSION,
-                "claims": _CLAIMS.dump_python(self.claims, mode="json", by_alias=True),
-            },
-        )
+        # A claim `mig apply --force` marked failed in the file meanwhile stays failed, and the
+        # driver's view learns it here.
+        self.claims = write_claims(self.path, self.claims)
 
 
 def read_managed(state_dir: Path) -> frozenset[tuple[int, str, int]]:
     """(GPU index, profile, start) of the MIG instances the plugin made (for ``dra slices``)."""
     try:
-        claims = _read(checkpoint_path(state_dir))
+        claims = read_claims(checkpoint_path(state_dir))
     except (OSError, ValueError):
         return frozenset()
     return frozenset(

@@ -22,6 +22,7 @@ from nodeagent.cdi import CdiWriter
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.holds import HoldSources
 from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
 from nodeagent.runtime.backoff import Backoff
@@ -32,7 +33,7 @@ from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
 from nodeagent_dra.driver import PROC_CAPABILITIES, Driver, PrepareError
 from nodeagent_dra.kube import ApiClaims, SlicePublisher
 from nodeagent_dra.plugin import PluginServer
-from nodeagent_dra.slices import Publication, SliceSpec, build_slices
+from nodeagent_dra.slices import DraDevice, Publication, SliceSpec, build_slices
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ LOCK_WHAT = "the node's MIG layout"
 class _NoApi:
     """The claim source when kubernetes.enabled is off: every claim is an error that says so."""
 
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+    def get(self, namespace: str, name: str, timeout_s: float | None = None) -> Any:
         raise PrepareError(
             f"cannot read claim {namespace}/{name}: kubernetes.enabled is off in the agent config"
         )
@@ -100,8 +101,15 @@ class DraComponent:
             pool_name=config.node_name,
             dynamic_mig=config.pool.dra.dynamic_mig,
             state_dir=config.state_dir,
+            published=self.published_devices,
             on_change=self.wake.set,
             proc_capabilities=proc_capabilities or PROC_CAPABILITIES,
+            # Unprepare keeps an instance another claim or a pod holds (issue 32).
+            holds=HoldSources.of_agent(
+                config.state_dir,
+                config.metrics.pod_resources_socket,
+                config.device_plugin.kubelet_dir,
+            ).read,
             mps_section=config.device_plugin.mps.model_copy(
                 update={"root": section.mps_root.absolute()}
             ),
@@ -123,6 +131,18 @@ class DraComponent:
         return self._serving
 
     # --- slices -----------------------------------------------------------------------------
+
+    def published_devices(self) -> Mapping[str, DraDevice] | None:
+        """The devices this node publishes (what the driver prepares): those of the last
+        publication, else of the latest snapshot (the API server was away); None before the
+        first snapshot, when the node has published nothing."""
+        published = self.published
+        if published is not None:
+            return published.devices
+        snapshot = self._last_snapshot or self.snapshots.latest
+        if snapshot is None:
+            return None
+        return build_slices(snapshot, self.spec(self.generation or 1)).devices
 
     def spec(self, generation: int) -> SliceSpec:
         """What beyond the snapshot decides the slices now."""

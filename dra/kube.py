@@ -33,14 +33,19 @@ class ApiClaims:
         self.api = client.ResourceV1Api(api_client)
         self.timeout_s = request_timeout_s
 
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
-        """The claim's JSON. Raises PrepareError naming why it could not be read."""
+    def get(self, namespace: str, name: str, timeout_s: float | None = None) -> Any:
+        """The claim's JSON (any shape: the driver validates it), read within ``timeout_s``
+        (at most the configured request timeout). Raises PrepareError naming why it could not
+        be read."""
+        timeout = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        if timeout <= 0:
+            raise PrepareError(f"no time left to read claim {namespace}/{name}")
         try:
-            claim: Mapping[str, Any] = _json(
-                self.api.read_namespaced_resource_claim(
-                    name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-                )
+            # Not preloaded: the raw response, whose body is read here, within the same timeout.
+            answer: Any = self.api.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=timeout
             )
+            data = answer.data
         except ApiException as exc:
             if exc.status == 404:
                 raise PrepareError(f"claim {namespace}/{name} not found") from exc
@@ -48,8 +53,21 @@ class ApiClaims:
                 f"API server answered {exc.status} {exc.reason} for claim {namespace}/{name}"
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # Without retries urllib3 wraps a timeout in MaxRetryError; its reason says which.
+            if isinstance(exc, urllib3.exceptions.TimeoutError) or isinstance(
+                getattr(exc, "reason", None), urllib3.exceptions.TimeoutError
+            ):
+                raise PrepareError(
+                    f"API server did not answer within {timeout:.1f}s reading claim "
+                    f"{namespace}/{name}; the kubelet retries"
+                ) from exc
             raise PrepareError(f"API server unreachable reading {namespace}/{name}: {exc}") from exc
-        return claim
+        try:
+            return json.loads(data)
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise PrepareError(
+                f"API server's answer for claim {namespace}/{name} is not JSON: {exc}"
+            ) from exc
 
 
 class SlicePublisher:

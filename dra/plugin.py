@@ -30,7 +30,7 @@ from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
 from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from nodeagent.kubelet.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from nodeagent_dra.driver import ClaimRef, Driver
+from nodeagent_dra.driver import ClaimRef, Deadline, Driver, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,18 @@ def _refs(claims: Any) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.uid, c.name) for c in claims]
 
 
+def _deadline(context: grpc.ServicerContext) -> Deadline:
+    """The kubelet's deadline for this call (45 s from a real kubelet), and whether it waits."""
+    return Deadline.within(context.time_remaining(), context.is_active)
+
+
+def _failed_call(what: str, exc: Exception) -> str:
+    """A claim's error when the driver failed the whole call (a defect: never a traceback)."""
+    log.error("%s failed unexpectedly: %s: %s", what, type(exc).__name__, exc,
+              exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+    return f"{what} failed unexpectedly ({type(exc).__name__}: {exc}); the agent's log has more"
+
+
 class _Service:
     """One version of the DRAPlugin service; ``pb`` is that version's message module."""
 
@@ -54,7 +66,12 @@ class _Service:
         self.with_share_id = with_share_id
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        outcomes = self.driver.prepare(_refs(request.claims))
+        refs = _refs(request.claims)
+        try:
+            outcomes = self.driver.prepare(refs, _deadline(context))
+        except Exception as exc:  # noqa: BLE001 - every claim gets an answer, whatever happens
+            error = _failed_call("NodePrepareResources", exc)
+            outcomes = {ref.uid: Outcome(error=error) for ref in refs}
         response = self.pb.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -73,7 +90,12 @@ class _Service:
         return response
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        errors = self.driver.unprepare(_refs(request.claims))
+        refs = _refs(request.claims)
+        try:
+            errors = self.driver.unprepare(refs, _deadline(context))
+        except Exception as exc:  # noqa: BLE001 - every claim gets an answer, whatever happens
+            error = _failed_call("NodeUnprepareResources", exc)
+            errors = {ref.uid: error for ref in refs}
         response = self.pb.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             response.claims[uid].error = error

@@ -10,9 +10,11 @@ later one winning for the requests it names (none named: every request).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from nodeagent_dra.claim import DeviceConfig, json_type
 
 API_GROUPS = ("resource.nodeagent.io/v1beta1", "resource.nvidia.com/v1beta1")
 KINDS = ("GpuConfig", "MigDeviceConfig")
@@ -54,46 +56,65 @@ def _mib(text: Any) -> int:
     return max(1, int(int(match.group(1)) * _MIB[match.group(2)]))
 
 
-def parse(parameters: Mapping[str, Any]) -> Share | None:
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SharingError(f"{what} must be an object, not {json_type(value)}")
+    return value
+
+
+def _object_or_none(value: Any, what: str) -> Mapping[str, Any]:
+    """An optional object: absent or null is empty; an empty list or string is still wrong."""
+    return {} if value is None else _object(value, what)
+
+
+def parse(parameters: Any) -> Share | None:
     """The sharing of one opaque config; ``None`` when it asks for none."""
+    parameters = _object(parameters, "opaque parameters")
     api, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api not in API_GROUPS:
         raise SharingError(f"opaque parameters apiVersion {api!r}; use {API_GROUPS[0]}")
     if kind not in KINDS:
         raise SharingError(f"opaque parameters kind {kind!r}; use one of {', '.join(KINDS)}")
-    sharing = parameters.get("sharing")
-    if sharing is None:
+    if parameters.get("sharing") is None:
         return None
+    sharing = _object(parameters["sharing"], "sharing")
     strategy = sharing.get("strategy")
     if strategy not in STRATEGIES:
         raise SharingError(f"sharing strategy {strategy!r}; use TimeSlicing or MPS")
     if strategy == "TimeSlicing":
-        interval = (sharing.get("timeSlicingConfig") or {}).get("interval", "Default")
+        slicing = _object_or_none(sharing.get("timeSlicingConfig"), "sharing.timeSlicingConfig")
+        interval = slicing.get("interval", "Default")
         if interval not in INTERVALS:
             raise SharingError(
                 f"timeSlicingConfig.interval {interval!r}; use {', '.join(INTERVALS)}"
             )
         return Share("TimeSlicing", interval=interval)
-    mps = sharing.get("mpsConfig") or {}
+    mps = _object_or_none(sharing.get("mpsConfig"), "sharing.mpsConfig")
     pct = mps.get("defaultActiveThreadPercentage")
-    if pct is not None and not (isinstance(pct, int) and 1 <= pct <= 100):
+    if pct is not None and not (type(pct) is int and 1 <= pct <= 100):
         raise SharingError(f"mpsConfig.defaultActiveThreadPercentage {pct!r} must be 1..100")
     limit = mps.get("defaultPinnedDeviceMemoryLimit")
     return Share("MPS", active_thread_percentage=pct,
                  pinned_memory_limit_mib=None if limit is None else _mib(limit))  # fmt: skip
 
 
-def sharing_for(allocation: Mapping[str, Any], driver: str) -> dict[str, Share]:
-    """Request name -> its sharing, from ``status.allocation.devices.config``; ``"*"`` is the
-    sharing of requests no config names."""
+def sharing_for(configs: Sequence[DeviceConfig], driver: str) -> dict[str, Share]:
+    """Request name -> its sharing, from ``status.allocation.devices.config`` (in allocation
+    order); ``"*"`` is the sharing of requests no config names.
+
+    Raises:
+        SharingError: naming the config entry whose parameters this driver cannot honour.
+    """
     out: dict[str, Share] = {}
-    for entry in (allocation.get("devices") or {}).get("config") or []:
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
+    for n, entry in enumerate(configs):
+        if entry.opaque is None or entry.opaque.driver != driver:
             continue
-        share = parse(opaque.get("parameters") or {})
+        try:
+            share = parse(entry.opaque.parameters)
+        except SharingError as exc:
+            raise SharingError(f"status.allocation.devices.config[{n}]: {exc}") from None
         if share is None:
             continue
-        for request in entry.get("requests") or ["*"]:
+        for request in entry.requests or ["*"]:
             out[request] = share
     return out

@@ -27,6 +27,14 @@ which it could not restore (``unrestored``) and what each GPU holds. Because des
 until a creation needs their slices, a creation that keeps failing costs at most the instances
 in the way of that one creation, never the whole GPU.
 
+An instance is *busy* when processes run on it or a workload holds it: a prepared DRA claim
+or a device-plugin allocation (:mod:`nodeagent.holds`, read by the caller under the MIG lock).
+A plan that needs a busy instance's slices is refused with one line naming the processes'
+instance and the claim or pod; with ``force`` it goes ahead, and every DRA claim whose instance
+was destroyed is marked failed in the DRA checkpoint, every workload that lost one is logged
+and listed in the report (``taken``). Where a source of holds exists but cannot be read, no
+instance is destroyed without ``force``: what is free cannot be told.
+
 Every GPU ends with one *outcome* (:data:`OUTCOMES`) and a one-line summary.
 
 The caller holds the node's MIG lock (:mod:`nodeagent.runtime.lock`) around prepare and
@@ -50,6 +58,7 @@ from nodeagent.capacity import creatable, fragmentation_ratio
 from nodeagent.gpu.errors import GpuError, GpuLost
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot
+from nodeagent.holds import NO_HOLDS, Holder, Holds
 from nodeagent_mig.config import GpuFacts, GpuTarget, HooksFile, MigConfigFile, resolve
 from nodeagent_mig.planner import GpuPlan, Instance, PlanError, plan_gpu
 
@@ -93,6 +102,7 @@ class GpuReport:
     blocked: bool = False  # the target needs a busy instance's slices (see errors)
     held_back: str | None = None  # why the apply left this GPU alone (another GPU blocked)
     unrestored: list[MigSlot] = field(default_factory=list)  # destroyed, could not recreate
+    taken: list[str] = field(default_factory=list)  # force destroyed what these workloads held
 
     @property
     def changed(self) -> bool:
@@ -193,6 +203,7 @@ class _GpuWork:
     plan: GpuPlan | None  # None when the target is MIG off, or MIG must first come on
     error: str | None = None
     blocking: tuple[Instance, ...] = ()
+    gpu_holders: tuple[Holder, ...] = ()  # workloads that hold the whole GPU (MIG off)
 
     @property
     def mode_change(self) -> bool:
@@ -206,6 +217,7 @@ class Prepared:
     config: str
     work: list[_GpuWork]
     lost: dict[int, str] = field(default_factory=dict)  # GPU index -> why it does not answer
+    holds: Holds = NO_HOLDS  # what workloads held when the plan was made
 
     @property
     def mode_changes(self) -> list[str]:
@@ -226,13 +238,21 @@ class Prepared:
                 gone += list(w.plan.destroy)
             elif not w.target.mig_enabled or w.mode_change:
                 gone += list(w.before)
-            out += [f"GPU {w.index}: {i.label}" + (" (busy)" if i.busy else "") for i in gone]
+            out += [f"GPU {w.index}: {_busy_label(i)}" for i in gone]
         return out
 
 
-def _split(instances: Sequence[GpuInstance]) -> tuple[tuple[Instance, ...], tuple[Instance, ...]]:
-    """(whole instances, half-made ones without compute instances)."""
-    whole = tuple(Instance.of(g) for g in instances if g.compute_instances)
+def _busy_label(i: Instance) -> str:
+    if i.holders:
+        return i.busy_label
+    return i.label + (" (busy)" if i.busy else "")
+
+
+def _split(
+    instances: Sequence[GpuInstance], holds: Holds
+) -> tuple[tuple[Instance, ...], tuple[Instance, ...]]:
+    """(whole instances, half-made ones without compute instances), with their holders."""
+    whole = tuple(Instance.of(g, holds.of_instance(g)) for g in instances if g.compute_instances)
     half = tuple(Instance.of(g) for g in instances if not g.compute_instances)
     return whole, half
 
@@ -267,10 +287,18 @@ def _without(cfg: MigConfigFile, name: str, lost: Mapping[int, str]) -> MigConfi
     return replace(cfg, configs={**cfg.configs, name: specs})
 
 
-def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = False) -> Prepared:
+def prepare(
+    node: MigDevices,
+    cfg: MigConfigFile,
+    name: str,
+    *,
+    force: bool = False,
+    holds: Holds = NO_HOLDS,
+) -> Prepared:
     """Resolve the layout and plan every selected GPU; changes nothing.
 
-    A GPU that does not answer (lost) is listed in ``lost`` and left out of the plan.
+    A GPU that does not answer (lost) is listed in ``lost`` and left out of the plan. ``holds``:
+    what workloads hold (read under the MIG lock); their instances are busy.
 
     Raises:
         ConfigError: the layout is invalid for this node (every problem listed).
@@ -287,7 +315,7 @@ def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = Fa
             lost[index] = str(exc)
             continue
         assert geometry is not None  # resolve() only targets MIG-capable GPUs
-        whole, half = _split(current)
+        whole, half = _split(current, holds)
         w = _GpuWork(
             index,
             info.name,
@@ -303,18 +331,42 @@ def prepare(node: MigDevices, cfg: MigConfigFile, name: str, *, force: bool = Fa
             if target.mig_enabled and info.mig_enabled:
                 w.plan = plan_gpu(geometry, whole, target.devices, force=force)
             elif target.mig_enabled:
+                w.gpu_holders = holds.of_gpu(index, info.uuid)
+                if w.gpu_holders and not force:
+                    raise PlanError(
+                        f"enabling MIG takes GPU {index} from "
+                        + ", ".join(h.label for h in w.gpu_holders)
+                    )
                 w.plan = plan_gpu(geometry, (), target.devices, force=force)
             elif not force and any(i.busy for i in whole):
                 busy = tuple(i for i in whole if i.busy)
                 raise PlanError(
-                    "disabling MIG destroys busy instance(s) " + ", ".join(i.label for i in busy),
+                    "disabling MIG destroys busy instance(s) "
+                    + ", ".join(_busy_label(i) for i in busy),
                     busy,
+                )
+            if holds.unknown is not None and not force and _destroys(w):
+                raise PlanError(
+                    f"cannot tell which workloads hold its instances ({holds.unknown}); "
+                    "nothing is destroyed without force",
+                    _destroyed(w),
                 )
         except PlanError as exc:
             w.error = exc.reason
             w.blocking = exc.blocking
         work.append(w)
-    return Prepared(name, work, lost)
+    return Prepared(name, work, lost, holds)
+
+
+def _destroyed(w: _GpuWork) -> tuple[Instance, ...]:
+    """The whole instances the prepared work would destroy."""
+    if w.plan is not None:
+        return w.plan.destroy
+    return w.before if not w.target.mig_enabled else ()
+
+
+def _destroys(w: _GpuWork) -> bool:
+    return bool(_destroyed(w)) or (w.mode_change and w.target.mig_enabled)
 
 
 # --- intent file ---------------------------------------------------------------------------------
@@ -481,18 +533,35 @@ def _rollback(
     return "; ".join(notes) or "nothing to undo"
 
 
+def _taken(holds: Holds, r: GpuReport, what: str, holders: Sequence[Holder]) -> None:
+    """Force destroyed ``what``, which ``holders`` held: mark their claims failed, say so."""
+    if not holders:
+        return
+    why = f"nodeagent mig apply --force destroyed {what} on GPU {r.index}"
+    for line in holds.mark_failed(holders, why):
+        r.taken.append(f"{what}: {line}")
+
+
 def _apply_mode(
-    node: MigDevices, w: _GpuWork, r: GpuReport, allow_reset: bool, force: bool, step: _Steps
+    node: MigDevices,
+    w: _GpuWork,
+    r: GpuReport,
+    allow_reset: bool,
+    force: bool,
+    step: _Steps,
+    holds: Holds,
 ) -> bool:
     """Bring the GPU's MIG mode to the target; True when it is in effect now."""
     index = w.index
     if not w.target.mig_enabled:
         for gi in node.mig_instances(index) if w.current else ():
-            if gi.busy and not force:
-                r.errors.append(f"{gi.slot.label} is busy; not destroyed (use force)")
+            item = Instance.of(gi, holds.of_instance(gi))
+            if item.busy and not force:
+                r.errors.append(f"{_busy_label(item)} is busy; not destroyed (use force)")
                 return False
             _destroy(node, index, gi, step)
             r.destroyed.append(gi.slot)
+            _taken(holds, r, item.label, item.holders)
     r.mode_change = "enable" if w.target.mig_enabled else "disable"
     # Requested even when it is pending already: the driver switches a GPU that has gone idle
     # since (nvml.h: "idle the device and retry setting the mode"), so no reset is needed.
@@ -507,9 +576,23 @@ def _apply_mode(
             pids = ", ".join(str(p.pid) for p in procs)
             r.reset_required = f"reset required: processes {pids} run on the GPU; stop them"
             return False
+        # A reset destroys every instance on the GPU: one a workload holds blocks it as
+        # processes do (a mode change left pending earlier can meet instances made since).
+        info = node.info(index)
+        now = node.mig_instances(index) if info.mig_enabled else ()
+        held = [h for gi in now for h in holds.of_instance(gi)]
+        held += holds.of_gpu(index, info.uuid)
+        if held and not force:
+            r.reset_required = (
+                "reset required: it would take the GPU from "
+                + ", ".join(h.label for h in dict.fromkeys(held))
+                + "; rerun with --force to go ahead"
+            )
+            return False
         step(f"GPU {index}: reset")
         node.reset_gpu(index)
         r.reset = True
+        _taken(holds, r, f"GPU {index} (reset)", held)
         return node.info(index).mig_enabled == w.target.mig_enabled
     r.reset_required = (
         "reset required: "
@@ -540,7 +623,9 @@ def _in_the_way(
     return victims
 
 
-def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step: _Steps) -> None:
+def _apply_layout(
+    node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step: _Steps, holds: Holds
+) -> None:
     """Create and destroy instances on one GPU (MIG is on), rolling back on failure.
 
     New instances are created first wherever the free slices allow; an instance the target
@@ -548,7 +633,7 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
     """
     index = w.index
     now = node.mig_instances(index)
-    whole, half = _split(now)
+    whole, half = _split(now, holds)
     # The plan prepared before anything changed still holds when the GPU has what it had then
     # (or nothing, after the mode change this apply made). Only a GPU that changed under the
     # apply (another tool, between the preview and the go-ahead) is planned again.
@@ -574,6 +659,7 @@ def _apply_layout(node: MigDevices, w: _GpuWork, r: GpuReport, force: bool, step
         present.remove(item.slot)
         destroyed.append(item)
         r.destroyed.append(item.slot)
+        _taken(holds, r, item.label, item.holders)
 
     try:
         # Half-made instances (no compute instance) hold no work and block their slices.
@@ -638,7 +724,7 @@ def execute(
     for w in blocked:
         r = reports[w.index]
         r.errors.append(w.error or "")
-        r.blocked = bool(w.blocking)
+        r.blocked = bool(w.blocking or w.gpu_holders)
     try:
         if blocked and not options.get("partial", False):
             where = ", ".join(f"GPU {w.index}" for w in blocked)
@@ -708,7 +794,14 @@ def _execute(
             for w in modes:
                 r = reports[w.index]
                 try:
-                    ready[w.index] = _apply_mode(node, w, r, allow_reset, force, step)
+                    ready[w.index] = _apply_mode(
+                        node, w, r, allow_reset, force, step, prepared.holds
+                    )
+                    if ready[w.index] and w.target.mig_enabled and not r.reset:
+                        # Only with force (prepare refused it otherwise), and only once MIG is
+                        # on: a change still pending leaves the whole GPU to its holders (a
+                        # reset said so already).
+                        _taken(prepared.holds, r, f"GPU {w.index}", w.gpu_holders)
                 except GpuLost as exc:
                     r.lost = True
                     r.errors.append(str(exc))
@@ -721,7 +814,7 @@ def _execute(
             for w in todo:
                 if w.target.mig_enabled and ready[w.index]:
                     try:
-                        _apply_layout(node, w, reports[w.index], force, step)
+                        _apply_layout(node, w, reports[w.index], force, step, prepared.holds)
                     except GpuLost as exc:
                         reports[w.index].lost = True
                         reports[w.index].errors.append(str(exc))
@@ -751,18 +844,19 @@ def reconcile(
     name: str,
     *,
     state_dir: Path,
+    holds: Holds = NO_HOLDS,
     **options: Unpack[ExecuteOptions],
 ) -> ApplyReport:
     """Make the node hold layout ``name`` of ``cfg``: the one entry point the agent calls.
 
-    Busy instances are never destroyed unless ``force``; a GPU whose MIG mode change waits for
-    a reset is reported, and reset only with ``allow_reset`` when no process runs on it. The
-    caller holds the node's MIG lock.
+    Busy instances (processes, or held by a workload in ``holds``) are never destroyed unless
+    ``force``; a GPU whose MIG mode change waits for a reset is reported, and reset only with
+    ``allow_reset`` when no process runs on it. The caller holds the node's MIG lock.
 
     Raises:
         ConfigError: the layout is invalid for this node; nothing was changed.
     """
-    prepared = prepare(node, cfg, name, force=options.get("force", False))
+    prepared = prepare(node, cfg, name, force=options.get("force", False), holds=holds)
     return execute(node, prepared, cfg, state_dir=state_dir, **options)
 
 
@@ -773,7 +867,7 @@ def dry_run(prepared: Prepared) -> ApplyReport:
         r = GpuReport(w.index, w.model, w.current, w.target.mig_enabled)
         if w.error is not None:
             r.errors.append(w.error)
-            r.blocked = bool(w.blocking)
+            r.blocked = bool(w.blocking or w.gpu_holders)
         if w.mode_change:
             r.mode_change = "enable" if w.target.mig_enabled else "disable"
             if not w.target.mig_enabled:

@@ -9,7 +9,8 @@ Guarantees (each is tested):
   most 8 memory slices, so the space is small), it never relies on a heuristic ordering the way
   ``nvmlDeviceCreateGpuInstance`` without a placement does.
 * **Minimal disruption.** Among valid plans, the planner minimises first the number of busy
-  instances destroyed (zero unless ``force``), then the total number destroyed. An instance the
+  instances destroyed (zero unless ``force``; busy: processes run on it or a workload holds
+  it, see :mod:`nodeagent.holds`), then the total number destroyed. An instance the
   target still contains is kept whenever some valid plan keeps it.
 * **Fragmentation-aware.** Among plans with the fewest destroys, it picks the placements that
   leave the most future capacity: the vector of :func:`creatable` counts, compared largest
@@ -39,6 +40,7 @@ from nodeagent.capacity import (
     slice_model,
 )
 from nodeagent.gpu.types import GpuInstance, MigGeometry, MigSlot, Placement
+from nodeagent.holds import Holder, describe
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +49,19 @@ class Instance:
 
     profile: str
     placement: Placement
-    busy: bool = False  # processes run on it: destroying it would kill work
+    # Processes run on it, or a workload holds it (a prepared DRA claim, a device-plugin
+    # allocation): destroying it would take work away. Only force destroys a busy instance.
+    busy: bool = False
     instance_id: int | None = None  # the GI ID on the device, when it exists there
     uuid: str | None = None
+    holders: tuple[Holder, ...] = ()  # the workloads that hold it (named in every refusal)
 
     @classmethod
-    def of(cls, gi: GpuInstance) -> Instance:
-        """The planner's view of a GPU instance read from the device."""
-        return cls(gi.profile, gi.placement, gi.busy, gi.instance_id, gi.uuid)
+    def of(cls, gi: GpuInstance, holders: tuple[Holder, ...] = ()) -> Instance:
+        """The planner's view of a GPU instance read from the device, with its holders."""
+        return cls(
+            gi.profile, gi.placement, gi.busy or bool(holders), gi.instance_id, gi.uuid, holders
+        )
 
     @property
     def slot(self) -> MigSlot:
@@ -65,6 +72,11 @@ class Instance:
     def label(self) -> str:
         """``3g.40gb@4:4``: profile, start slice and size."""
         return self.slot.label
+
+    @property
+    def busy_label(self) -> str:
+        """The label, with the workloads that hold it: ``3g.40gb@4:4 (held by DRA claim a/b)``."""
+        return self.label + (f" ({describe(self.holders)})" if self.holders else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +288,7 @@ def plan_gpu(
         blocking = [d for d in destroyed if d.busy]
         raise BlockedByBusyError(
             "the target needs the slices of busy instance(s) "
-            + ", ".join(b.label for b in blocking)
+            + ", ".join(b.busy_label for b in blocking)
             + "; every valid layout destroys them",
             blocking,
         )

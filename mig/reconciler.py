@@ -12,6 +12,7 @@ from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
+from nodeagent.holds import HoldSources
 from nodeagent.runtime.lock import LockHeldError, ProcessLock
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
 from nodeagent_mig.apply import APPLIED, UNCHANGED, ApplyReport, reconcile
@@ -34,10 +35,13 @@ def _short(text: str) -> str:
 class MigReconciler:
     """Applies ``pools.<pool>.mig_layout`` from ``mig.layout_file`` (or the built-in layouts).
 
-    It never destroys a busy instance unless ``mig.force`` is set; a layout that would need one
-    is reported and left for the operator (with ``pools.<pool>.mig_partial_apply`` the other
-    GPUs are applied meanwhile). Every apply holds the node's MIG lock, the one ``nodeagent mig
-    apply`` takes: while another apply holds it, the round is skipped and tried again soon.
+    It never destroys a busy instance unless ``mig.force`` is set (busy: processes run on it, or
+    a prepared DRA claim or a pod's device-plugin allocation holds it, read from the DRA
+    checkpoint and the kubelet at every round); a layout that would need one is reported,
+    naming the claim or pod, and left for the operator (with
+    ``pools.<pool>.mig_partial_apply`` the other GPUs are applied meanwhile). Every apply holds
+    the node's MIG lock, the one ``nodeagent mig apply`` takes: while another apply holds it,
+    the round is skipped and tried again soon.
 
     A layout file that cannot be read or is invalid is reported (log, ``mig-status.json``, the
     metrics) and the reconciler stays ready and idle until the file or the config changes: a
@@ -131,12 +135,20 @@ class MigReconciler:
             # anything else escape it, that is still a bad file, not a reason to die.
             self._fail(layout, f"layout file {path}: {type(exc).__name__}: {exc}")
             return
+        # Read under the MIG lock: the DRA plugin makes its instances under the same lock, so
+        # no claim's instance appears between this read and the apply.
+        holds = HoldSources.of_agent(
+            config.state_dir,
+            config.metrics.pod_resources_socket,
+            config.device_plugin.kubelet_dir,
+        ).read()
         try:
             report = reconcile(
                 self._node,
                 cfg,
                 layout,
                 state_dir=config.state_dir / "mig",
+                holds=holds,
                 force=config.mig.force,
                 allow_reset=config.mig.allow_reset,
                 partial=config.pool.mig_partial_apply,

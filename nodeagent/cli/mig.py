@@ -41,6 +41,7 @@ from nodeagent.runtime.lock import LockHeldError, ProcessLock
 if TYPE_CHECKING:
     from nodeagent.config.schema import AgentConfig
     from nodeagent.gpu.node import GpuNode
+    from nodeagent.holds import Holds
     from nodeagent_mig.apply import ApplyReport, GpuReport, Prepared
     from nodeagent_mig.config import HooksFile, MigConfigFile
 
@@ -93,6 +94,45 @@ MigStateDirOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+AgentStateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--agent-state-dir",
+        help="The running agent's state directory, where its DRA checkpoint says which MIG "
+        "instances prepared claims hold (default: as `nodeagent run` chooses it).",
+        show_default=False,
+    ),
+]
+PodResourcesOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--pod-resources-socket",
+        help="The kubelet's pod-resources socket: which pods hold which devices (default: "
+        "the agent config's metrics.pod_resources_socket, else the kubelet's own path).",
+        show_default=False,
+    ),
+]
+KubeletDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubelet-dir",
+        help="The device-plugin directory, whose kubelet_internal_checkpoint is read where "
+        "the pod-resources socket does not answer (default: the agent config's "
+        "device_plugin.kubelet_dir).",
+        show_default=False,
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _HoldPaths:
+    """Where the workloads' holds are read: the options as given (None: the default)."""
+
+    agent_state: Path | None = None
+    pod_resources: Path | None = None
+    kubelet_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +224,41 @@ def _mig_state_dir(
     return Path("/var/lib/nodeagent/mig")
 
 
-def _prepare_or_exit(node: GpuNode, cfg: MigConfigFile, name: str, force: bool) -> Prepared:
+def _holds(
+    paths: _HoldPaths, sim_state: Path | None, simulated: bool, agent: AgentConfig | None
+) -> Holds:
+    """What workloads hold now: the running agent's DRA checkpoint, and the kubelet's
+    allocations (pod-resources, else its checkpoint). Read under the MIG lock."""
+    from nodeagent.config.device_plugin import DevicePluginSection
+    from nodeagent.config.metrics import DEFAULT_POD_RESOURCES_SOCKET
+    from nodeagent.config.schema import DEFAULT_STATE_DIR
+    from nodeagent.holds import HoldSources
+
+    state = paths.agent_state
+    if state is None:
+        # The agent's own state directory, chosen as `nodeagent run` chooses it.
+        if simulated and sim_state is not None:
+            state = sim_state / "agent"
+        else:
+            state = agent.state_dir if agent is not None else DEFAULT_STATE_DIR
+    socket = paths.pod_resources or (
+        agent.metrics.pod_resources_socket if agent is not None else DEFAULT_POD_RESOURCES_SOCKET
+    )
+    kubelet_dir = paths.kubelet_dir or (
+        agent.device_plugin.kubelet_dir if agent is not None else DevicePluginSection().kubelet_dir
+    )
+    return HoldSources.of_agent(state, socket, kubelet_dir).read()
+
+
+def _prepare_or_exit(
+    node: GpuNode, cfg: MigConfigFile, name: str, force: bool, holds: Holds | None = None
+) -> Prepared:
     from nodeagent.config.errors import ConfigError
+    from nodeagent.holds import NO_HOLDS
     from nodeagent_mig.apply import prepare
 
     try:
-        return prepare(node, cfg, name, force=force)
+        return prepare(node, cfg, name, force=force, holds=holds or NO_HOLDS)
     except ConfigError as exc:
         fail_config(exc, "nothing was changed; fix the layout for this node's GPUs")
     except GpuError as exc:
@@ -284,6 +353,7 @@ def _print_report(
         lines += [f"  ! {g.reset_required}"] if g.reset_required else []
         lines += [f"  ! {e}" for e in g.errors]
         lines += [f"  ! could not restore {s.label}" for s in g.unrestored]
+        lines += [f"  ! --force took {t}" for t in g.taken]
         if not lines:
             continue
         sys.stdout.write(f"\nGPU {g.index} ({g.model})\n")
@@ -309,26 +379,33 @@ def plan(
     agent_config: AgentConfigOption = None,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
+    agent_state: AgentStateDirOption = None,
+    pod_resources: PodResourcesOption = None,
+    kubelet_dir: KubeletDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show what `apply` would do on each GPU: kept, destroyed, created, and the slice maps."""
     choice, name = _choose(file, name, agent_config, as_json)
-    _plan(choice.cfg, name, force, simulate, state_dir, as_json)
+    paths = _HoldPaths(agent_state, pod_resources, kubelet_dir)
+    _plan(choice, name, force, simulate, state_dir, paths, as_json)
 
 
 def _plan(
-    cfg: MigConfigFile,
+    choice: _Choice,
     name: str,
     force: bool,
     simulate: str | None,
     state_dir: Path | None,
+    paths: _HoldPaths,
     as_json: bool,
 ) -> NoReturn:
     """``plan`` for a resolved layout (also ``apply --dry-run``)."""
     from nodeagent_mig.apply import dry_run
 
     node = open_node_or_exit(simulate, state_dir)
-    prepared = _prepare_or_exit(node, cfg, name, force)
+    simulated = simulated_preset(simulate, state_dir=state_dir) is not None
+    holds = _holds(paths, state_dir, simulated, choice.agent)
+    prepared = _prepare_or_exit(node, choice.cfg, name, force, holds)
     report = dry_run(prepared)
     before = _before(node, [w.index for w in prepared.work])
     if as_json:
@@ -418,6 +495,9 @@ def apply(
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
     mig_state: MigStateDirOption = None,
+    agent_state: AgentStateDirOption = None,
+    pod_resources: PodResourcesOption = None,
+    kubelet_dir: KubeletDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Make the GPUs hold the layout, touching as few instances as possible.
@@ -425,6 +505,10 @@ def apply(
     --force and --allow-reset are never taken from the agent config's mig.force and
     mig.allow_reset: those govern the running agent, which works next to live workloads,
     while a command line (or the boot unit) says for itself what it may destroy or reset.
+
+    An instance a workload holds (a prepared DRA claim, a pod's device-plugin allocation) is
+    busy like one with processes: the apply keeps it or refuses naming the claim or pod. With
+    --force it is destroyed, and the claim is marked failed in the DRA checkpoint.
     """
     choice, name = _choose(file, name, agent_config, as_json)
     cfg = choice.cfg
@@ -437,8 +521,9 @@ def apply(
             hooks = load_hooks(hooks_file)
         except ConfigError as exc:
             fail_config(exc, "fix the hooks file (mig-parted hooks v1 shape, see docs/mig.md)")
+    paths = _HoldPaths(agent_state, pod_resources, kubelet_dir)
     if dry:
-        _plan(cfg, name, force, simulate, state_dir, as_json)
+        _plan(choice, name, force, simulate, state_dir, paths, as_json)
     if partial is None:
         partial = choice.agent.pool.mig_partial_apply if choice.agent is not None else False
     node = open_node_or_exit(simulate, state_dir)
@@ -448,7 +533,7 @@ def apply(
     try:
         report, before = _apply_locked(
             node, cfg, name, choice, yes, force, allow_reset, partial, hooks, simulate, state_dir,
-            mig_state,
+            mig_state, paths,
         )  # fmt: skip
     finally:
         lock.release()
@@ -474,11 +559,15 @@ def _apply_locked(
     simulate: str | None,
     state_dir: Path | None,
     mig_state: Path | None,
+    paths: _HoldPaths,
 ) -> tuple[ApplyReport, dict[int, list[MigSlot]]]:
     """Plan, confirm and execute under the MIG lock; exits before any change when refused."""
     from nodeagent_mig.apply import execute
 
-    prepared = _prepare_or_exit(node, cfg, name, force)
+    simulated = simulated_preset(simulate, state_dir=state_dir) is not None
+    # Read under the lock: the DRA plugin makes a claim's instances under it too.
+    holds = _holds(paths, state_dir, simulated, choice.agent)
+    prepared = _prepare_or_exit(node, cfg, name, force, holds)
     before = _before(node, [w.index for w in prepared.work])
     blocked = any(w.error is not None for w in prepared.work)
     if not yes and not (blocked and not partial):
@@ -488,7 +577,6 @@ def _apply_locked(
         modes = [] if allow_reset else prepared.mode_changes
         if modes or prepared.destroys:
             _confirm_or_exit(modes, prepared.destroys)
-    simulated = simulated_preset(simulate) is not None
     state = _mig_state_dir(mig_state, state_dir, simulated, choice.agent)
     try:
         state.mkdir(parents=True, exist_ok=True)

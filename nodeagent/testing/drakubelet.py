@@ -54,13 +54,16 @@ class DraConnection:
         pb, grpc_mod = _MODULES[self.version]
         return pb, grpc_mod.DRAPluginStub(self.channel)
 
-    def prepare(self, claims: Sequence[tuple[str, str, str]]) -> dict[str, Prepared]:
-        """NodePrepareResources for (namespace, uid, name) claims."""
+    def prepare(
+        self, claims: Sequence[tuple[str, str, str]], timeout_s: float = TIMEOUT_S
+    ) -> dict[str, Prepared]:
+        """NodePrepareResources for (namespace, uid, name) claims, with the kubelet's deadline
+        (``timeout_s``; past it the call raises ``grpc.RpcError`` DEADLINE_EXCEEDED)."""
         pb, stub = self._stub()
         request = pb.NodePrepareResourcesRequest(
             claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
         )
-        response = stub.NodePrepareResources(request, timeout=TIMEOUT_S)
+        response = stub.NodePrepareResources(request, timeout=timeout_s)
         out = {}
         for uid, answer in response.claims.items():
             devices = []
@@ -77,13 +80,15 @@ class DraConnection:
             out[uid] = Prepared(devices, answer.error)
         return out
 
-    def unprepare(self, claims: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+    def unprepare(
+        self, claims: Sequence[tuple[str, str, str]], timeout_s: float = TIMEOUT_S
+    ) -> dict[str, str]:
         """NodeUnprepareResources: claim UID -> error ('' when done)."""
         pb, stub = self._stub()
         request = pb.NodeUnprepareResourcesRequest(
             claims=[pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
         )
-        response = stub.NodeUnprepareResources(request, timeout=TIMEOUT_S)
+        response = stub.NodeUnprepareResources(request, timeout=timeout_s)
         return {uid: answer.error for uid, answer in response.claims.items()}
 
     def watch_health(self) -> threading.Thread:

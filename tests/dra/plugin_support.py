@@ -15,6 +15,7 @@ from nodeagent.runtime.lock import ProcessLock
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
 from nodeagent_dra.driver import Driver, PrepareError
 from nodeagent_dra.plugin import PluginServer
+from nodeagent_dra.slices import DraDevice, SliceSpec, build_slices
 
 DRIVER = "gpu.nodeagent.io"
 NODE = "node-a"
@@ -59,11 +60,34 @@ class Claims:
         self.items[(meta["namespace"], meta["name"])] = claim
         return meta["namespace"], meta["uid"], meta["name"]
 
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+    def get(self, namespace: str, name: str, timeout_s: float | None = None) -> Mapping[str, Any]:
         try:
             return self.items[(namespace, name)]
         except KeyError:
             raise PrepareError(f"claim {namespace}/{name} not found") from None
+
+
+class Published:
+    """What the node publishes, kept in memory as the agent's component keeps its last
+    publication, so a call's latency is the driver's own. Built at the first prepare: the names
+    do not change with what the driver makes (a dynamic placement keeps its name once made, and
+    the driver never makes static instances); a test that changes the node's layout itself
+    calls :meth:`build` again."""
+
+    def __init__(self, node: GpuNode, dynamic_mig: bool) -> None:
+        self.node = node
+        self.dynamic_mig = dynamic_mig
+        self.driver: Driver | None = None
+        self.table: Mapping[str, DraDevice] | None = None
+
+    def build(self) -> Mapping[str, DraDevice]:
+        assert self.driver is not None
+        spec = SliceSpec(NODE, DRIVER, dynamic_mig=self.dynamic_mig, managed=self.driver.managed())
+        self.table = build_slices(self.node.snapshot(), spec).devices
+        return self.table
+
+    def __call__(self) -> Mapping[str, DraDevice]:
+        return self.table if self.table is not None else self.build()
 
 
 def make_driver(
@@ -74,9 +98,11 @@ def make_driver(
     dynamic_mig: bool = True,
     lock_timeout_s: float = 5.0,
     mps: MpsSection | None = None,
+    state_dir: Path | None = None,
 ) -> Driver:
-    state = root / "state"
-    return Driver(
+    state = root / "state" if state_dir is None else state_dir
+    published = Published(node, dynamic_mig)
+    driver = Driver(
         node,
         claims,
         Checkpoint.load(checkpoint_path(state)),
@@ -86,9 +112,12 @@ def make_driver(
         pool_name=NODE,
         dynamic_mig=dynamic_mig,
         state_dir=state,
+        published=published,
         lock_timeout_s=lock_timeout_s,
         mps_section=mps,
     )
+    published.driver = driver
+    return driver
 
 
 def serve(driver: Driver, root: Path, **kwargs: Any) -> PluginServer:

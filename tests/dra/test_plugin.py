@@ -175,7 +175,10 @@ def test_each_claim_gets_its_own_error(plugin: tuple, h100: GpuNode, claims: Cla
     answers = connection.prepare([good, bad_name, missing, overlap])
     assert set(answers) == {good[1], bad_name[1], missing[1], overlap[1]}
     assert answers[good[1]].error == ""
-    assert "has no MIG device gpu-0-mig-9g99gb-99-0" in answers[bad_name[1]].error
+    assert answers[bad_name[1]].error == (
+        "device 'gpu-0-mig-9g99gb-99-0' is not one this node publishes "
+        f"(driver {DRIVER}, pool {NODE})"
+    )
     assert "not found" in answers[missing[1]].error
     assert "cannot create gpu-0-mig-2g20gb-14-0" in answers[overlap[1]].error
     assert instances(h100, 0) == ["1g.10gb@0:1"], "the failed claim left nothing behind"
@@ -387,6 +390,7 @@ def test_the_agent_restores_mps_daemons_before_serving_and_leaves_them_running_a
     def component() -> DraComponent:
         made = DraComponent(config, h100, SnapshotStore(), None, mig_lock_file=tmp_path / "lock")
         made.driver.claims = claims
+        made.refresh(h100.snapshot())  # a node prepares only what it published
         return made
 
     ref = claims.add(claim_json("shared", [("gpu", "gpu-2")], config=[_gpu_config(MPS_LIMITS)]))
