@@ -9,20 +9,17 @@ later one winning for the requests it names (none named: every request).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.config.quantity import QuantityError, parse_quantity
 from nodeagent_dra.claim import DeviceConfig, json_type
 
 API_GROUPS = ("resource.nodeagent.io/v1beta1", "resource.nvidia.com/v1beta1")
 KINDS = ("GpuConfig", "MigDeviceConfig")
 STRATEGIES = ("TimeSlicing", "MPS")
 INTERVALS = ("Default", "Short", "Medium", "Long")
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?$")
-_MIB = {None: 1 / 2**20, "Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2,
-        "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20, "T": 1e12 / 2**20}  # fmt: skip
 
 
 class SharingError(ValueError):
@@ -50,10 +47,14 @@ class Share:
 
 
 def _mib(text: Any) -> int:
-    match = _QUANTITY.match(str(text).strip())
-    if match is None:
-        raise SharingError(f"defaultPinnedDeviceMemoryLimit {text!r} is not a quantity like 10Gi")
-    return max(1, int(int(match.group(1)) * _MIB[match.group(2)]))
+    """A memory quantity (Kubernetes' grammar, as NVIDIA's driver reads it) in whole MiB."""
+    try:
+        amount = parse_quantity(text)
+    except QuantityError as exc:
+        raise SharingError(f"defaultPinnedDeviceMemoryLimit: {exc}") from exc
+    if amount <= 0:
+        raise SharingError(f"defaultPinnedDeviceMemoryLimit {text!r} must be more than 0")
+    return max(1, int(amount / 2**20))
 
 
 def _object(value: Any, what: str) -> Mapping[str, Any]:
