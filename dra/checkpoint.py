@@ -122,6 +122,7 @@ def read_managed(state_dir: Path) -> frozenset[tuple[int, str, int]]:
     return frozenset(
         (d.mig.gpu_index, d.mig.profile, d.mig.start)
         for c in claims.values()
+        if not c.failed  # a forced MIG change took its instance: the plugin holds nothing
         for d in c.devices
         if d.mig is not None
     )

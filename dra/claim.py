@@ -12,10 +12,11 @@ driver (:mod:`nodeagent_dra.sharing`), since another driver's are not ours to ju
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nodeagent.config.errors import dotted
 
 
 class ClaimShapeError(ValueError):
@@ -112,17 +113,6 @@ def json_type(value: Any) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def where(loc: Sequence[int | str]) -> str:
-    """A pydantic location as a JSON path: ``status.allocation.devices.results[1].device``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def _problem(error: Any) -> str:
     kind = error["type"]
     got = json_type(error.get("input"))
@@ -134,7 +124,7 @@ def _problem(error: Any) -> str:
         what = "must not be empty"
     else:
         what = str(error["msg"])
-    return f"{where(error['loc']) or 'the answer'}: {what}"
+    return f"{dotted(error['loc']) or 'the answer'}: {what}"
 
 
 def parse_claim(raw: Any) -> ResourceClaim:

@@ -4,26 +4,10 @@ and an agent state file replaced by a directory is one line, not a traceback."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from nodeagent.sim.control import SimControl
-
-
-def nodeagent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The real command in a child process, with none of this process's NODEAGENT_* settings."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "nodeagent.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=60,
-        check=False,
-    )
+from tests.cli.test_inventory_cli import nodeagent
 
 
 def test_a_state_dir_alone_opens_the_simulated_node_it_holds(tmp_path: Path) -> None:
