@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent import labels as lbl
+from nodeagent.published import PublishedError, decode
 from nodeagent_tiering.policy import Stability
 
 DRAIN_ANNOTATION = lbl.DRAIN_ANNOTATION
@@ -147,7 +148,17 @@ class NodeView:
 
     @property
     def gpus(self) -> int:
-        """GPU count from the capability label (0 when absent or not a number)."""
+        """Physical GPUs: the capability label, or the published GPUs where it counts MIG devices.
+
+        GFD's ``gpu.count`` counts MIG devices under the single strategy (the product label then
+        ends in ``-MIG-<profile>``); the agent's published GPU state lists the GPUs themselves.
+        0 when neither says.
+        """
+        if "-MIG-" in self.labels.get(lbl.GPU_PRODUCT, ""):
+            try:
+                return len(decode(self.annotations.get(lbl.GPU_STATE_ANNOTATION, "")).gpus)
+            except PublishedError:
+                return 0
         try:
             return int(self.labels.get(lbl.GPU_COUNT, "0"))
         except ValueError:

@@ -36,6 +36,9 @@ class Preset:
     fabric: str  # "nvswitch", "bridge-pairs" or "pcie"
     buses: tuple[int, ...]
     switch_chips: int = 0  # NVSwitch chips on the board; 0: 6 for 12-link GPUs, else 4
+    # The machine's DMI product name (/sys/class/dmi/id/product_name), which GFD publishes as
+    # nvidia.com/gpu.machine: DGX systems' own names, "Simulated ..." for the OEM boards.
+    machine: str = "Simulated GPU server"
 
     def numa_node(self, index: int) -> int:
         """NUMA node of a GPU: the lower half of an 8-GPU node sits on node 0."""
@@ -46,26 +49,28 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset("dgx-a100", "DGX A100: 8x A100-SXM4-40GB, NVSwitch (NV12), 2 NUMA nodes",
-               "a100-40", 8, "nvswitch", _HGX_BUSES),
+               "a100-40", 8, "nvswitch", _HGX_BUSES, machine="DGXA100 920-23687-2530-000"),
         Preset("dgx-a100-80", "DGX A100 80GB: 8x A100-SXM4-80GB, NVSwitch (NV12), 2 NUMA nodes",
-               "a100-80", 8, "nvswitch", _HGX_BUSES),
+               "a100-80", 8, "nvswitch", _HGX_BUSES, machine="DGXA100 920-23687-2530-000"),
         Preset("dgx-h100", "DGX H100: 8x H100 80GB HBM3, NVSwitch (NV18), 2 NUMA nodes",
-               "h100-80", 8, "nvswitch", _HGX_BUSES),
+               "h100-80", 8, "nvswitch", _HGX_BUSES, machine="DGXH100"),
         Preset("hgx-h200", "HGX H200: 8x H200 141GB, NVSwitch (NV18), 2 NUMA nodes",
-               "h200", 8, "nvswitch", _HGX_BUSES),
+               "h200", 8, "nvswitch", _HGX_BUSES, machine="Simulated HGX H200"),
         Preset("pcie-l40s", "8x L40S on PCIe (no NVLink, no MIG), switch pairs, 2 NUMA nodes",
-               "l40s", 8, "pcie", _PCIE_BUSES),
+               "l40s", 8, "pcie", _PCIE_BUSES, machine="Simulated PCIe L40S server"),
         Preset("pcie-h100nvl", "4x H100 NVL 94GB on PCIe, NVLink-bridged pairs (NV12)",
-               "h100-nvl", 4, "bridge-pairs", _PCIE_BUSES[:4]),
+               "h100-nvl", 4, "bridge-pairs", _PCIE_BUSES[:4],
+               machine="Simulated PCIe H100 NVL server"),
         Preset("a30x4", "4x A30 24GB on PCIe (MIG with 4 slices), 1 NUMA node",
-               "a30", 4, "pcie", _PCIE_BUSES[:4]),
-        Preset("t4", "1x Tesla T4 16GB (no MIG, no NVLink)", "t4", 1, "pcie", _PCIE_BUSES[:1]),
+               "a30", 4, "pcie", _PCIE_BUSES[:4], machine="Simulated PCIe A30 server"),
+        Preset("t4", "1x Tesla T4 16GB (no MIG, no NVLink)", "t4", 1, "pcie", _PCIE_BUSES[:1],
+               machine="Simulated T4 server"),
         # DGX B200 datasheet: 8x B200, fifth-generation NVLink through 2 NVSwitch chips (NV18).
         Preset("dgx-b200", "DGX B200: 8x B200 180GB, NVSwitch (NV18), 2 NUMA nodes",
-               "b200", 8, "nvswitch", _HGX_BUSES, switch_chips=2),
+               "b200", 8, "nvswitch", _HGX_BUSES, switch_chips=2, machine="DGXB200"),
         # One Grace Hopper superchip per node: the GPU's NVLink-C2C goes to its CPU only.
         Preset("gh200", "1x GH200 480GB superchip (H100 96GB, MIG), no GPU peers", "gh200", 1,
-               "pcie", _PCIE_BUSES[:1]),
+               "pcie", _PCIE_BUSES[:1], machine="Simulated GH200 server"),
     )
 }  # fmt: skip
 
@@ -171,6 +176,20 @@ def initial_gpus(preset: Preset) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+# Every modelled GPU is a datacenter part in compute mode: a "3D controller" on the PCI bus.
+PCI_CLASS = "0x030200"
+HOST_DIR = "host"  # in the state directory: the simulated host's own files, as under /
+
+
+def host_files(preset: Preset) -> dict[str, str]:
+    """The host files GFD reads beside NVML, relative to the host root: the DMI product name
+    and each GPU's PCI class (``sys/bus/pci/devices/<address>/class``)."""
+    files = {"sys/class/dmi/id/product_name": preset.machine + "\n"}
+    for bus in preset.buses[: preset.gpus]:
+        files[f"sys/bus/pci/devices/0000:{bus:02x}:00.0/class"] = PCI_CLASS + "\n"
+    return files
 
 
 def bus_id(bus: int) -> str:

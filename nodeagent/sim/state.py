@@ -281,7 +281,16 @@ class StateStore:
         with self._lock:
             if not self.path.exists():
                 self._write(new_state(preset_name, self.clock()))
+                self._write_host(presets.get_preset(preset_name))
         return self.read()
+
+    def _write_host(self, preset: presets.Preset) -> None:
+        """The simulated host's files (DMI product name, PCI classes) under ``host/``, for the
+        readers that take a host root (the capability labels)."""
+        for relative, text in presets.host_files(preset).items():
+            path = self.state_dir / presets.HOST_DIR / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
 
     def _sweep(self) -> None:
         """Remove temporary state files a killed writer left (``.state.json.*.tmp``).
@@ -298,10 +307,13 @@ class StateStore:
                 _log.info("removed %s, left by a writer that was killed", leftover)
 
     def replace(self, state: State) -> None:
-        """Overwrite the node with ``state`` (used by reset)."""
+        """Overwrite the node with ``state`` (used by reset) and its host files (its preset's)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._write(state)
+            preset = presets.PRESETS.get(str(state.get("preset")))
+            if preset is not None:
+                self._write_host(preset)
 
     def mutate(self, change: Callable[[State], Any]) -> Any:
         """Apply ``change`` to a fresh copy of the state under the lock and write it back.

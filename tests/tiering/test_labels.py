@@ -6,7 +6,9 @@ import pytest
 
 from nodeagent import labels as lbl
 
-FACTS = lbl.NodeFacts(pool="training pool", gpu_health="healthy", stability="stable")
+FACTS = lbl.NodeFacts(
+    pool="training pool", gpu_health="healthy", stability="stable", mig_strategy="single"
+)
 
 
 @pytest.mark.parametrize(
@@ -47,8 +49,8 @@ def test_capability_labels(make_node, preset, expected):
     snapshot = make_node(preset).snapshot()
     labels = lbl.capability_labels(snapshot, FACTS)
     assert {k: labels.get(k) for k in expected} == expected
-    if preset == "pcie-l40s":
-        assert lbl.MIG_STRATEGY not in labels, "GFD sets mig.strategy only on MIG-capable nodes"
+    # GFD writes the strategy the plugin runs under, MIG-capable GPUs or not.
+    assert labels[lbl.MIG_STRATEGY] == "single"
     first = snapshot.gpus[0].info
     assert labels[lbl.GPU_PRODUCT] == first.name.replace(" ", "-")
     assert labels[lbl.GPU_MEMORY] == str(first.memory_total_bytes // 2**20)
