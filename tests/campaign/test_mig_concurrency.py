@@ -15,12 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from nodeagent.agent.backend import open_node
+from nodeagent.agent.backend import mig_lock_file, open_node
 from nodeagent.sim.control import SimControl
 from nodeagent_mig.apply import INTENT_FILE, reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config
@@ -76,22 +75,15 @@ def apply(sim: Path, name: str, state: Path) -> subprocess.Popen[str]:
     )
 
 
-def finish_order(procs: list[subprocess.Popen[str]]) -> list[int]:
-    """The indices of ``procs`` in the order they exited (the MIG lock's order)."""
-    order: list[int] = []
-    lock = threading.Lock()
+def last_holder(sim: Path, procs: list[subprocess.Popen[str]]) -> int:
+    """The index in ``procs`` of the process that took the node's MIG lock last.
 
-    def wait(i: int) -> None:
-        procs[i].wait(120)
-        with lock:
-            order.append(i)
-
-    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return order
+    The lock file keeps its last holder's PID until the next holder writes its own, so it names
+    the last one once both have exited. (The exit order does not: on a loaded machine the first
+    apply can still be shutting down after the second has applied and exited.)
+    """
+    holder = int(mig_lock_file(PRESET, sim).read_text().split()[0])
+    return [p.pid for p in procs].index(holder)
 
 
 def seed_node(tmp_path: Path) -> Path:
@@ -116,10 +108,11 @@ def test_overlapping_applies(tmp_path: Path, tally: Tally) -> None:
         time.sleep(rng.uniform(0.0, 0.4))  # from "same moment" to "while it applies"
         second = apply(sim, b, tmp_path / f"b{case}")
         procs = [first, second]
-        order = finish_order(procs)
+        for proc in procs:
+            proc.wait(120)
         codes = [p.returncode for p in procs]
         errors = [p.stderr.read() if p.stderr else "" for p in procs]
-        last = (a, b)[order[-1]]
+        last = (a, b)[last_holder(sim, procs)]
         try:
             assert codes == [0, 0], (codes, errors)
             assert all("Traceback" not in e for e in errors)
