@@ -51,7 +51,12 @@ class MigReconciler:
     name = "mig-reconciler"
 
     def __init__(
-        self, node: MigDevices, config: AgentConfig, *, lock_file: Path | None = None
+        self,
+        node: MigDevices,
+        config: AgentConfig,
+        *,
+        lock_file: Path | None = None,
+        await_override: bool = False,
     ) -> None:
         self._node = node
         self._config = config
@@ -63,6 +68,19 @@ class MigReconciler:
         self._outcomes: dict[int, str] = {}  # last logged outcome summary per GPU
         self._logged: str | None = None  # the last error logged (each distinct one once)
         self._status: MigLayoutStatus | None = None
+        # A layout chosen on the node itself (the `nvidia.com/mig.config` label), which wins
+        # over the pool's `mig_layout` while set (docs/mig.md, "The GPU Operator's label").
+        self._override: str | None = None
+        self._override_file: Path | None = None  # where to find it (None: the config's file)
+        # With a node label to read, the first round waits for its first reading: applying the
+        # pool's layout first and the label's a moment later would reshape the GPUs twice.
+        self._override_known = threading.Event()
+        if not await_override:
+            self._override_known.set()
+        self.last_round_skipped = False  # the last round left the layout to another apply
+        # Rounds finished, so a caller that asked for a layout can wait for its outcome.
+        self._rounds = 0
+        self._round_done = threading.Condition()
         self.last_report: ApplyReport | None = None
         self.last_error: str | None = None
 
@@ -85,14 +103,44 @@ class MigReconciler:
         self._config = config
         self._wake.set()
 
+    @property
+    def rounds(self) -> int:
+        """How many rounds have finished (see :meth:`wait_round`)."""
+        return self._rounds
+
+    def set_override(self, layout: str | None, layout_file: Path | None = None) -> None:
+        """Apply ``layout`` instead of the pool's ``mig_layout`` (None: back to the pool's),
+        from ``layout_file`` (None: ``mig.layout_file``, else the shipped layouts).
+
+        The next round starts at once; its outcome is :meth:`status` once :meth:`wait_round`
+        returns.
+        """
+        if (layout, layout_file) != (self._override, self._override_file):
+            log.info(
+                "MIG layout chosen on the node: %s",
+                f"{layout!r} from {layout_file or 'the agent config layout file'}"
+                if layout is not None
+                else "none (the pool's mig_layout again)",
+            )
+        self._override = layout
+        self._override_file = layout_file if layout is not None else None
+        self._override_known.set()
+        self._wake.set()
+
+    def wait_round(self, after: int, timeout_s: float) -> bool:
+        """Wait until a round later than ``after`` (a :attr:`rounds` value) has finished."""
+        with self._round_done:
+            return self._round_done.wait_for(lambda: self._rounds > after, timeout=timeout_s)
+
     def _wanted(self) -> tuple[str | None, Path, float]:
         config = self._config
-        path = config.mig.layout_file or DEFAULT_CONFIG_FILE
+        path = self._override_file or config.mig.layout_file or DEFAULT_CONFIG_FILE
         try:
             mtime = path.stat().st_mtime
         except OSError:
             mtime = -1.0
-        return config.pool.mig_layout, path, mtime
+        layout = self._override if self._override is not None else config.pool.mig_layout
+        return layout, path, mtime
 
     def reconcile_once(self) -> None:
         """Apply the wanted layout if it changed since the last successful apply."""
@@ -100,6 +148,7 @@ class MigReconciler:
         layout = wanted[0]
         config = self._config
         self._retry_s = RETRY_S
+        self.last_round_skipped = False
         if layout is None or not config.mig.enabled:
             self._status = None
             return
@@ -111,6 +160,7 @@ class MigReconciler:
             # Another apply (the boot unit, an operator's `mig apply`) is at work: never wait
             # on it here (SIGTERM must stay prompt), try again shortly.
             self._retry_s = LOCK_RETRY_S
+            self.last_round_skipped = True
             self._fail(layout, f"skipped: {exc}", level=logging.INFO)
             return
         except OSError as exc:
@@ -213,9 +263,17 @@ class MigReconciler:
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile at start, then whenever a reload asks or a failed apply is retried."""
+        while not self._override_known.wait(1.0):
+            if stop.is_set():
+                return
         while not stop.is_set():
+            # Cleared before the round, so a request made during it is taken by the next one.
+            self._wake.clear()
             self.reconcile_once()
             self._ready.set()
+            with self._round_done:
+                self._rounds += 1
+                self._round_done.notify_all()
             # A layout that is not yet fully applied (reset required, busy instance, a bad file)
             # is retried every RETRY_S, LOCK_RETRY_S after a round skipped for the lock (each
             # distinct failure is logged once); an applied one only on reload or a new file.
@@ -230,7 +288,17 @@ class MigReconciler:
 
 
 def build(
-    config: AgentConfig, node: MigDevices, *, lock_file: Path | None = None
+    config: AgentConfig,
+    node: MigDevices,
+    *,
+    lock_file: Path | None = None,
+    await_override: bool = False,
 ) -> MigReconciler | None:
-    """The reconciler, or None when MIG management is off."""
-    return MigReconciler(node, config, lock_file=lock_file) if config.mig.enabled else None
+    """The reconciler, or None when MIG management is off.
+
+    ``await_override``: the node's own choice of layout will be given through
+    :meth:`MigReconciler.set_override` (None for none) before the first round.
+    """
+    if not config.mig.enabled:
+        return None
+    return MigReconciler(node, config, lock_file=lock_file, await_override=await_override)

@@ -5,7 +5,9 @@ Each feature takes what it reads as a constructor argument, through a narrow int
 callable; nothing is filled in after construction. The build order follows the data:
 
 1. the sampler publishes snapshots into the store;
-2. the MIG reconciler applies the pool's layout (the capability labels name it once applied);
+2. the MIG reconciler applies the pool's layout (the capability labels name it once applied),
+   or the one the node's ``nvidia.com/mig.config`` label names (the GPU Operator's protocol,
+   :mod:`nodeagent.agent.mig_label`, with Kubernetes), holding the device plugin's view meanwhile;
 3. the health model, on its own, so the device plugin and the exporter can take it as their
    health source;
 4. the device plugin, which publishes what it advertises, and the DRA driver (kubelet plugin
@@ -15,8 +17,8 @@ callable; nothing is filled in after construction. The build order follows the d
 6. the health component around the model: its reporter publishes the capability labels, the
    exporter's capacity annotations and the GPU-state annotation on the node.
 
-Components start in the order the supervisor lists them (sampler, MIG reconciler, health,
-device plugin, DRA driver, metrics). A feature turned off in the config is absent.
+Components start in the order the supervisor lists them (sampler, MIG reconciler, MIG label,
+health, device plugin, DRA driver, metrics). A feature turned off in the config is absent.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeagent.agent import mig_label
 from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
 from nodeagent.agent.sampler import Sampler
@@ -33,6 +36,7 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
 from nodeagent.health.validation import GpuValidator
+from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.runtime.component import Component, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent_device_plugin import component as device_plugin
@@ -71,10 +75,14 @@ def build(
     # One node-wide MIG lock: `nodeagent mig apply`, the reconciler and the DRA driver's
     # dynamic MIG all take it.
     mig_lock = mig_lock_file or config.state_dir / "mig" / "mig.lock"
-    reconciler = mig.build(config, node, lock_file=mig_lock)
+    # With the API server at hand, the node's `nvidia.com/mig.config` label (the GPU Operator's
+    # protocol) may choose the layout; the reconciler then waits for its first reading.
+    label_protocol = config.kubernetes.enabled and config.mig.enabled
+    reconciler = mig.build(config, node, lock_file=mig_lock, await_override=label_protocol)
+    mig_config_label, plugin_feed = _mig_config_label(config, reconciler, snapshots)
     labels = CapabilityLabels(feed, config, reconciler)
     model = health.build_model(config)
-    plugin = device_plugin.build(config, feed, model)
+    plugin = device_plugin.build(config, plugin_feed, model)
     dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)
     # Application XIDs go to the pods of the exporter's last attribution (bound late: the
     # exporter is built next, and the attributor only reads it once events flow).
@@ -127,8 +135,46 @@ def build(
         actions = SharingActions(config, feed, lambda: shared_now.shared, plugin)
     components: tuple[Component, ...] = tuple(
         c
-        for c in (sampler, reconciler, health_component, plugin, dra_driver, exporter, actions)
+        for c in (
+            sampler,
+            reconciler,
+            mig_config_label,
+            health_component,
+            plugin,
+            dra_driver,
+            exporter,
+            actions,
+        )
         if c is not None
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
     return Wired(components, reloadables)
+
+
+def _mig_config_label(
+    config: AgentConfig, reconciler: mig.MigReconciler | None, snapshots: SnapshotStore
+) -> tuple[mig_label.MigConfigLabel | None, SnapshotFeed]:
+    """The `nvidia.com/mig.config` label's component, and the device plugin's snapshot feed
+    (held while a layout the label chose is applied); (None, the store) without Kubernetes or
+    MIG management."""
+    if reconciler is None or not config.kubernetes.enabled:
+        return None, snapshots
+    kube = config.kubernetes
+    try:
+        api = make_api(kube)
+    except KubeUnavailableError as exc:
+        mig_label.log.warning("label %s is not read: %s", mig_label.MIG_CONFIG_LABEL, exc)
+        reconciler.set_override(None)
+        return None, snapshots
+    held = mig_label.HeldSnapshots(snapshots) if config.device_plugin.enabled else None
+    component = mig_label.MigConfigLabel(
+        api=api,
+        node_name=config.node_name,
+        reconciler=reconciler,
+        snapshots=snapshots,
+        held=held,
+        state_dir=config.state_dir,
+        request_timeout_s=kube.request_timeout_s,
+        layout_file=config.mig.layout_file,
+    )
+    return component, (held if held is not None else snapshots)

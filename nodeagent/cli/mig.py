@@ -702,10 +702,12 @@ def _gpu_view(node: GpuNode, index: int) -> dict[str, Any]:
 def show(
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
+    agent_state: AgentStateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """A slice map per GPU: instances over the memory slices, free slots, what still fits."""
     node = open_node_or_exit(simulate, state_dir)
+    label = _label_state(agent_state, simulate, state_dir)
     views = []
     try:
         for i in range(node.count()):
@@ -718,8 +720,13 @@ def show(
         fail(str(exc), "check the GPUs with `nvidia-smi` (or the simulator state)")
     lost = [v for v in views if v["lost"]]
     if as_json:
-        emit_json({"gpus": views})
+        emit_json({"gpus": views, **({"mig_config_label": label} if label else {})})
         raise typer.Exit(EXIT_DRIFT if lost else EXIT_OK)
+    if label:
+        # The GPU Operator's protocol, as the agent last saw and applied it.
+        line = f"{label.get('label')}={label.get('layout')}: {label.get('state')}"
+        reason = label.get("reason")
+        sys.stdout.write(line + (f": {reason}" if reason else "") + "\n\n")
     for v in views:
         if v["lost"]:
             sys.stdout.write(f"GPU {v['index']}  LOST  {v['error']}\n\n")
@@ -749,6 +756,30 @@ def show(
         )
     if lost:
         raise typer.Exit(EXIT_DRIFT)
+
+
+def _label_state(
+    explicit: Path | None, simulate: str | None, sim_state: Path | None
+) -> dict[str, Any] | None:
+    """What the running agent last did with the node's `nvidia.com/mig.config` label (its
+    ``mig-config-label.json``), or None where it follows no label or the file is unreadable."""
+    import json
+
+    state = explicit
+    if state is None:
+        if sim_state is not None and simulated_preset(simulate, state_dir=sim_state) is not None:
+            state = sim_state / "agent"
+        else:
+            from nodeagent.config.schema import DEFAULT_STATE_DIR
+
+            state = DEFAULT_STATE_DIR
+    try:
+        data = json.loads((state / "mig-config-label.json").read_text())
+    except (OSError, ValueError):
+        return None  # no agent here, or none that follows the label: nothing to say
+    if not isinstance(data, dict) or data.get("layout") is None:
+        return None
+    return data
 
 
 @app.command()
