@@ -24,9 +24,11 @@ demo: $(BIN)/nodeagent
 		--metrics-address 127.0.0.1:9475
 
 # The real control plane the kube tests run on, built from the modules pinned in hack/kube
-# (a cold build takes about 10 minutes on 2 cores; nothing is rebuilt while the pins hold).
+# (a cold build takes about 10 minutes on 2 cores; nothing is rebuilt while the pins hold),
+# and helm from hack/helm (3-9 minutes cold), cached apart so neither rebuilds the other.
 kube-bins:
 	@bash hack/kube/build.sh
+	@bash hack/helm/build.sh
 
 # kube-apiserver, etcd, kube-scheduler, kube-controller-manager and Kueue on loopback, in the
 # foreground; prints the kubeconfig to export. NODES=N adds N kubelet-less 8-GPU nodes.
