@@ -41,6 +41,10 @@ GPU_MODE = "nvidia.com/gpu.mode"  # compute | graphics | unknown (the PCI class)
 MIG_CAPABLE = "nvidia.com/mig.capable"  # "true" / "false"
 MIG_STRATEGY = "nvidia.com/mig.strategy"  # single | mixed (absent under none, as GFD)
 MPS_CAPABLE = "nvidia.com/mps.capable"  # "true" where a GPU is shared through MPS
+# mig-manager's protocol (the GPU Operator): the operator names the node's layout, the agent
+# reports pending, then success or failed (nodeagent.agent.mig_label).
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 CUDA_DRIVER_MAJOR = "nvidia.com/cuda.driver.major"  # GFD: the driver version, split
 CUDA_DRIVER_MINOR = "nvidia.com/cuda.driver.minor"
 CUDA_DRIVER_REV = "nvidia.com/cuda.driver.rev"

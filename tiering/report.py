@@ -25,7 +25,7 @@ from nodeagent_tiering.kube import parse_time
 from nodeagent_tiering.nodes import NodeView
 from nodeagent_tiering.policy import Stability, TierPolicy
 
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"  # mig-parted's label naming the node's layout
+MIG_CONFIG_LABEL = lbl.MIG_CONFIG  # mig-manager's label naming the node's layout
 
 PROM_QUERIES = {
     "fragmentation": "avg by ({node}) (nodeagent_mig_fragmentation_ratio)",

@@ -97,6 +97,20 @@ def mig_lock_file(
     return MIG_LOCK_FILE
 
 
+def host_root(
+    simulate: str | None, state_dir: Path | None, environ: Mapping[str, str] | None = None
+) -> Path:
+    """Where the host's own files (DMI product name, PCI classes) are read: ``/`` on a real
+    node; the simulated node's ``host/`` folder, which its preset seeds, on a simulated one."""
+    env = os.environ if environ is None else environ
+    if simulated_preset(simulate, env, state_dir):
+        from nodeagent.sim.presets import HOST_DIR
+        from nodeagent.sim.state import default_state_dir
+
+        return (state_dir or default_state_dir()) / HOST_DIR
+    return Path("/")
+
+
 def no_driver_message(cause: str) -> str:
     """One line naming the cause and the way to a simulated node."""
     try:

@@ -104,11 +104,13 @@ class Agent:
         config_overrides: dict[str, Any] | None = None,
         notifier: Notifier | None = None,
         mig_lock_file: Path | None = None,
+        host_root: Path = Path("/"),
     ) -> None:
         self.config_path = config_path
         # The node-wide MIG lock `nodeagent mig apply` takes too (`nodeagent run` passes the
         # node's; an embedding without one serialises applies within this state directory).
         self.mig_lock_file = mig_lock_file or config.state_dir / "mig" / "mig.lock"
+        self.host_root = host_root
         self.config_overrides = config_overrides or {}
         self.notifier = notifier or Notifier()
         self.config = config
@@ -148,6 +150,7 @@ class Agent:
                 ready=lambda: self.ready,
                 alive=self.alive,
                 mig_lock_file=self.mig_lock_file,
+                host_root=self.host_root,
                 started_at_s=self.started_at_s,
             )
             self.components = list(wired.components)

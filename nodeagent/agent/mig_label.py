@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodeagent import labels as lbl
 from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
@@ -46,8 +47,8 @@ from nodeagent_mig.reconciler import MigReconciler
 log = logging.getLogger(__name__)
 
 # mig-manager's names and values, unchanged (label-for-label compatibility).
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_CONFIG_LABEL = lbl.MIG_CONFIG
+MIG_CONFIG_STATE_LABEL = lbl.MIG_CONFIG_STATE
 PENDING = "pending"
 SUCCESS = "success"
 FAILED = "failed"

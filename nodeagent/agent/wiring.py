@@ -63,12 +63,14 @@ def build(
     alive: Callable[[], bool],
     mig_lock_file: Path | None = None,
     started_at_s: float | None = None,
+    host_root: Path = Path("/"),
 ) -> Wired:
     """Build every enabled feature of ``config`` around ``node``.
 
     ``restarts`` (component restarts, exported as a metric), ``ready`` (every component ready),
     ``alive`` (threads up, sampling not wedged) and ``started_at_s`` (the process start) are
-    the agent's own, read by the exporter; ``mig_lock_file`` is the node-wide MIG lock.
+    the agent's own, read by the exporter; ``mig_lock_file`` is the node-wide MIG lock;
+    ``host_root`` is where the host's own files are read (a simulated node's folder of them).
     """
     feed: SnapshotFeed = snapshots
     sampler = Sampler(node, snapshots, config.sampler)
@@ -80,7 +82,7 @@ def build(
     label_protocol = config.kubernetes.enabled and config.mig.enabled
     reconciler = mig.build(config, node, lock_file=mig_lock, await_override=label_protocol)
     mig_config_label, plugin_feed = _mig_config_label(config, reconciler, snapshots)
-    labels = CapabilityLabels(feed, config, reconciler)
+    labels = CapabilityLabels(feed, config, reconciler, host_root=host_root)
     model = health.build_model(config)
     plugin = device_plugin.build(config, plugin_feed, model)
     dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)

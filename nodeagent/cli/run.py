@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nodeagent.agent.backend import mig_lock_file
+from nodeagent.agent.backend import host_root, mig_lock_file
 from nodeagent.agent.daemon import Agent, StartupError
 from nodeagent.cli.common import (
     MigLockOption,
@@ -89,6 +89,7 @@ def run(
         config_path=config,
         config_overrides=overrides,
         mig_lock_file=mig_lock_file(simulate, state_dir, mig_lock),
+        host_root=host_root(simulate, state_dir),
     )
     try:
         code = agent.serve()

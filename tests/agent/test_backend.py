@@ -10,6 +10,7 @@ import pytest
 
 from nodeagent.agent.backend import (
     MIG_LOCK_FILE,
+    host_root,
     mig_lock_file,
     open_node,
     preset_names,
@@ -102,3 +103,18 @@ def test_a_state_dir_holding_a_node_is_that_node_and_its_lock(tmp_path: Path) ->
     assert simulated_preset(None, environ={}, state_dir=empty) is None
     assert mig_lock_file(None, empty, environ={}) == MIG_LOCK_FILE
     assert not any(empty.iterdir())
+
+
+def test_a_simulated_node_reads_its_host_files_from_its_own_folder(tmp_path: Path) -> None:
+    """GFD's machine label on a simulated node names the preset's machine, not this host's."""
+    node = open_node(simulate="dgx-h100", state_dir=tmp_path)
+    node.close()
+    root = host_root("dgx-h100", tmp_path, environ={})
+    assert root == tmp_path / "host"
+    assert (root / "sys/class/dmi/id/product_name").read_text().strip() == "DGXH100"
+    # A state directory that holds a node is enough on its own, as for every command.
+    assert host_root(None, tmp_path, environ={}) == root
+
+
+def test_a_real_node_reads_its_host_files_from_the_root() -> None:
+    assert host_root(None, None, environ={}) == Path("/")
