@@ -68,7 +68,11 @@ def test_a_disk_that_fills_under_the_running_agent(
                 assert wait_until(
                     lambda: json.loads(status.read_text())["health"] == "lost", timeout_s=10
                 )
-                assert any("written again" in r.getMessage() for r in caplog.records)
+                # Logged just after the write that recovered, by the writer's thread.
+                assert wait_until(
+                    lambda: any("written again" in r.getMessage() for r in caplog.records),
+                    timeout_s=5,
+                )
             finally:
                 assert agent.shutdown() == 0
         assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback"
