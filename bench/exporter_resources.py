@@ -247,12 +247,14 @@ def running_agent(
     threads: bool = False,
     proc_root: bool = False,
     prepare: Callable[[GpuNode, Path], object] | None = None,
+    launcher: list[str] | None = None,
 ) -> Iterator[RunningAgent]:
     """The whole agent with every component (``AGENT_CONFIG``), ready, stopped on exit.
 
     ``prepare(node, root)`` runs on the simulated node before the agent starts; ``proc_root``
     points process attribution at ``root/proc`` (cgroup files a bench writes); ``threads``
-    records the thread names for :func:`measure`. The agent's log tail is shown on failure.
+    records the thread names for :func:`measure`; ``launcher`` replaces the command before
+    ``run`` (the CLI's arguments follow it). The agent's log tail is shown on failure.
     """
     root = Path(tempfile.mkdtemp(prefix="nab-"))  # short: unix socket paths are limited
     node = mig_node(root / "sim")
@@ -276,7 +278,8 @@ def running_agent(
         env["NODEAGENT_BENCH_NAMES"] = str(names_file)
         # Once every component's thread runs (ready within seconds), before the window ends.
         env["NODEAGENT_BENCH_NAMES_AFTER_S"] = str(4 * WARM_UP_S)
-    launcher = [sys.executable, "-c", THREAD_NAMES] if threads else nodeagent_command()
+    if launcher is None:  # a bench may pass its own (one that patches the agent first)
+        launcher = [sys.executable, "-c", THREAD_NAMES] if threads else nodeagent_command()
     command = [*launcher, "run", "--config", str(root / "agent.yaml"),
                "--simulate", "dgx-h100", "--state-dir", str(root / "sim"),
                "--log-level", "warning"]  # fmt: skip

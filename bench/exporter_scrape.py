@@ -3,7 +3,9 @@
     .venv/bin/python bench/exporter_scrape.py [--requests 400] [--concurrency 1 20] [--no-peer]
 
 Node: dgx-h100, 56 MIG instances, 300 pods (see exporter_node.py). "served" is the agent's
-design: the sampler renders each snapshot once and a scrape writes bytes. "collect" is the
+design: the sampler renders each snapshot once and a scrape writes bytes; "compat" is the same
+with ``metrics.dcgm_compat`` on (dcgm-exporter's families appended to every render), and the
+run also prints the render time of fresh snapshots with the view off and on. "collect" is the
 baseline many exporters use: every scrape samples NVML, polls the kubelet and renders, through
 the very same functions. "peer" is a third-party pynvml exporter, nvitop-exporter (pinned in the
 dev extras), run unmodified on the same simulated node through ``nodeagent sim exec``: it
@@ -23,12 +25,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from exporter_node import PODS, mig_node, start_kubelet
 
 from nodeagent.config.policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
+from nodeagent.gpu.types import NodeSnapshot
 from nodeagent_exporters.podresources import PodResourcesPoller
 from nodeagent_exporters.render import Rendered, Renderer, Sources
 from nodeagent_exporters.server import MetricsServer
@@ -94,6 +98,22 @@ def start_peer(state_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit(f"nvitop-exporter did not serve within 60 s; see {log}")
 
 
+def render_costs(
+    plain: Renderer, compat: Renderer, snapshots: list[NodeSnapshot]
+) -> dict[str, tuple[float, float]]:
+    """Median and worst render time (ms) of fresh snapshots, dcgm-exporter view off and on:
+    what a scrape off the cadence adds, and what the view adds to every render."""
+    out = {}
+    for name, renderer in (("compat off", plain), ("compat on", compat)):
+        times = []
+        for snap in snapshots:
+            t0 = time.perf_counter()
+            renderer.render(snap)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[name] = (statistics.median(times), max(times))
+    return out
+
+
 def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
@@ -116,8 +136,15 @@ def main() -> None:
             allocations=lambda: poller.latest,
         )
     )
+    # GPM figures come from two samples: a first pass, so the served snapshot carries them.
+    node.snapshot()
+    time.sleep(0.2)
     snapshot = node.snapshot()
     served = renderer.render(snapshot)
+    # The same inputs with the dcgm-exporter view on (its Hostname label: a node name).
+    compat_renderer = Renderer(replace(renderer.sources, dcgm_compat=lambda: "gpu-node-1"))
+    compat_served = compat_renderer.render(snapshot)
+    render_ms = render_costs(renderer, compat_renderer, [node.snapshot() for _ in range(20)])
     mig = sum(len(g.mig_instances) for g in snapshot.gpus)
     print(
         f"node: dgx-h100, {mig} MIG instances, {PODS} pods; body {len(served.body)} bytes, "
@@ -130,6 +157,7 @@ def main() -> None:
 
     modes: dict[str, Callable[[], Rendered | None]] = {
         "served": lambda: served,
+        "compat": lambda: compat_served,
         "collect": collect,
     }
     rows = []
@@ -140,7 +168,7 @@ def main() -> None:
             for scrapers in args.concurrency:
                 for gz in (False, True):
                     # Collect-on-scrape is slow: fewer requests keep the run short.
-                    total = args.requests if mode == "served" else max(40, args.requests // 10)
+                    total = args.requests if mode != "collect" else max(40, args.requests // 10)
                     per = max(1, total // scrapers)
                     scrape_many(server.port, scrapers, 2, gz)  # warm-up
                     lat, size = scrape_many(server.port, scrapers, per, gz)
@@ -180,6 +208,8 @@ def main() -> None:
     )
     for mode, scrapers, enc, n, med, p, size in rows:
         print(f"{mode:8} {scrapers:>8} {enc:>8} {n:>8} {med:>10.2f} {p:>8.2f} {size:>8}")
+    for name, (median, worst) in render_ms.items():
+        print(f"render, {name}: median {median:.2f} ms, max {worst:.2f} ms (20 snapshots)")
     served_rows = {(r[1], r[2]): r for r in rows if r[0] == "served"}
     for mode, scrapers, enc, _, med, p, _ in rows:
         if mode == "peer" and (scrapers, enc) in served_rows:

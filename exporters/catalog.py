@@ -33,6 +33,53 @@ class MetricSpec:
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingFigure:
+    """One GPM figure of :class:`nodeagent.gpu.types.Profiling` and the metrics it becomes."""
+
+    field: str  # the Profiling attribute
+    suffix: str  # nodeagent_{gpu,mig,workload_gpu}_prof_<suffix>
+    unit: str
+    help: str
+    per_workload: bool = False  # also per pod: the figures that tell a busy container apart
+
+
+# GPM figures (NVML_GPM_METRIC_*, what DCGM calls DCGM_FI_PROF_*), over the last interval.
+PROFILING: tuple[ProfilingFigure, ...] = (
+    ProfilingFigure("graphics_active_ratio", "graphics_active_ratio", "ratio",
+                    "Share of the interval any graphics or compute engine was busy (GPM "
+                    "GRAPHICS_UTIL).", per_workload=True),
+    ProfilingFigure("sm_active_ratio", "sm_active_ratio", "ratio",
+                    "Share of SMs busy over the interval (GPM SM_UTIL): what coarse "
+                    "utilization cannot tell, a kernel on a few SMs from one on all.",
+                    per_workload=True),
+    ProfilingFigure("sm_occupancy_ratio", "sm_occupancy_ratio", "ratio",
+                    "Resident warps vs the SMs' maximum (GPM SM_OCCUPANCY).", per_workload=True),
+    ProfilingFigure("tensor_active_ratio", "tensor_active_ratio", "ratio",
+                    "Share of the interval any tensor pipe was busy (GPM ANY_TENSOR_UTIL).",
+                    per_workload=True),
+    ProfilingFigure("dram_active_ratio", "dram_active_ratio", "ratio",
+                    "DRAM bandwidth used vs the peak (GPM DRAM_BW_UTIL).", per_workload=True),
+    ProfilingFigure("fp64_active_ratio", "fp64_active_ratio", "ratio",
+                    "Share of the interval the FP64 pipe was busy, non-tensor (GPM FP64_UTIL)."),
+    ProfilingFigure("fp32_active_ratio", "fp32_active_ratio", "ratio",
+                    "Share of the interval the FP32 pipe was busy, non-tensor (GPM FP32_UTIL)."),
+    ProfilingFigure("fp16_active_ratio", "fp16_active_ratio", "ratio",
+                    "Share of the interval the FP16 pipe was busy, non-tensor (GPM FP16_UTIL)."),
+    ProfilingFigure("pcie_tx_bytes_per_second", "pcie_tx_bytes_per_second", "bytes/s",
+                    "PCIe traffic from the GPU (GPM PCIE_TX_PER_SEC)."),
+    ProfilingFigure("pcie_rx_bytes_per_second", "pcie_rx_bytes_per_second", "bytes/s",
+                    "PCIe traffic to the GPU (GPM PCIE_RX_PER_SEC)."),
+    ProfilingFigure("nvlink_tx_bytes_per_second", "nvlink_tx_bytes_per_second", "bytes/s",
+                    "NVLink traffic sent, all links (GPM NVLINK_TOTAL_TX_PER_SEC)."),
+    ProfilingFigure("nvlink_rx_bytes_per_second", "nvlink_rx_bytes_per_second", "bytes/s",
+                    "NVLink traffic received, all links (GPM NVLINK_TOTAL_RX_PER_SEC)."),
+)  # fmt: skip
+# PCIe and NVLink belong to the GPU: NVML does not split them per MIG instance.
+MIG_PROFILING = tuple(f for f in PROFILING if not f.field.startswith(("pcie", "nvlink")))
+WORKLOAD_PROFILING = tuple(f for f in PROFILING if f.per_workload)
 _GPU = ("gpu", "uuid")
 _MIG = ("gpu", "uuid", "mig_profile", "mig_instance")
 _WORKLOAD = (*_MIG, "namespace", "pod", "container")
@@ -643,6 +690,29 @@ _SPECS: tuple[MetricSpec, ...] = (
         "reached (the largest memory users are kept).",
         "workloads",
     ),
+    # --- profiling (GPM): one family per figure and scope, from PROFILING ---------------------
+    *(
+        MetricSpec(
+            f"nodeagent_{scope}_prof_{f.suffix}", G, labels, f.unit, f"{f.help} {tail}", "profiling"
+        )
+        for scope, labels, tail, figures in (
+            ("gpu", _GPU, "Whole GPU; absent on GPUs without GPM (before Hopper).", PROFILING),
+            (
+                "mig",
+                _MIG,
+                "One MIG GPU instance, relative to its own share of the GPU.",
+                MIG_PROFILING,
+            ),
+            (
+                "workload_gpu",
+                _WORKLOAD,
+                "The device a container runs on, with its pod (on a "
+                "shared device every container on it sees the same device-wide figure).",
+                WORKLOAD_PROFILING,
+            ),
+        )
+        for f in figures
+    ),
     # --- the agent itself -------------------------------------------------------------------
     MetricSpec(
         "nodeagent_sample_duration_seconds",
@@ -755,6 +825,10 @@ def markdown() -> str:
         for s in specs:
             labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
             lines.append(f"| `{s.name}` | {s.kind} | {s.unit} | {labels} | {s.help} |")
+    # The dcgm-exporter view's table lives with the view (nodeagent_exporters.dcgm_compat).
+    from nodeagent_exporters import dcgm_compat
+
+    lines += dcgm_compat.markdown()
     lines += [
         "",
         "## Tiering service",

@@ -103,6 +103,9 @@ class MetricsExporter:
                 app_xids=app_xids or dict,
                 remediation_steps=remediation_steps or dict,
                 validations=validations or dict,
+                dcgm_compat=lambda: (
+                    self.config.node_name if self.config.metrics.dcgm_compat else None
+                ),
             )
         )
         self.probe: ProbeRunner | None = None

@@ -24,7 +24,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from nodeagent import capacity
 from nodeagent.config.policy import PoolPolicy
-from nodeagent.gpu.types import ClockEventReason, GpuInstance, GpuState, NodeSnapshot
+from nodeagent.gpu.types import (
+    ClockEventReason,
+    GpuInstance,
+    GpuState,
+    NodeSnapshot,
+    Profiling,
+)
 from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.workloads import (
@@ -39,7 +45,15 @@ from nodeagent.workloads import (
     shared_devices,
     usage_by_workload,
 )
-from nodeagent_exporters.catalog import Kind, spec
+from nodeagent_exporters import dcgm_compat
+from nodeagent_exporters.catalog import (
+    MIG_PROFILING,
+    PROFILING,
+    WORKLOAD_PROFILING,
+    Kind,
+    ProfilingFigure,
+    spec,
+)
 from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_exporters.probe import ProbeRunner
 
@@ -216,10 +230,27 @@ class Sources:
     # validation passed (UUID -> bool), from the health feature's validator.
     remediation_steps: StepCounts = dict
     validations: Callable[[], Mapping[str, bool]] = dict
+    # The Hostname label of the dcgm-exporter compatibility view (metrics.dcgm_compat), or
+    # None while the view is off.
+    dcgm_compat: Callable[[], str | None] = lambda: None
 
 
 AppXids = Callable[[], Mapping[tuple[Device, Workload, int], int]]
 StepCounts = Callable[[], Mapping[tuple[int, str, str, str], int]]
+
+
+def _profiling(
+    f: _Families,
+    prefix: str,
+    figures: tuple[ProfilingFigure, ...],
+    labels: tuple[str, ...],
+    profiling: Profiling | None,
+) -> None:
+    """The GPM figures of one device; nothing at all where it has none (no GPM, first pass)."""
+    if profiling is None:
+        return
+    for figure in figures:
+        f.add(prefix + figure.suffix, labels, getattr(profiling, figure.field))
 
 
 def _opt_flag(value: bool | None) -> float | None:
@@ -326,6 +357,10 @@ class Renderer:
         self._fill(families, observed)
         families.add("nodeagent_render_duration_seconds", (), self._last_render_s)
         body = self._cache.render(families)
+        hostname = self.sources.dcgm_compat()
+        if hostname is not None:  # the same snapshot in dcgm-exporter's names
+            health, allocations = self.sources.health(), self.sources.allocations()
+            body += dcgm_compat.render(snapshot, hostname, health, allocations)
         self._last_render_s = time.perf_counter() - started
         self.renders += 1
         # Level 1: a 2x smaller body for a fraction of the cost of level 6, once per render.
@@ -376,6 +411,7 @@ class Renderer:
         for gpu in snap.gpus:
             ids = (str(gpu.info.index), gpu.info.uuid)
             self._telemetry(f, gpu, ids)
+            _profiling(f, "nodeagent_gpu_prof_", PROFILING, ids, gpu.profiling)
             self._health(f, gpu, ids, health.get(gpu.info.uuid))
             for gi in gpu.mig_instances:
                 for ci in gi.compute_instances:
@@ -388,7 +424,7 @@ class Renderer:
         self._xids_and_stability(f, snap, health_source)
         self._mig_layout(f, snap, self.sources.mig())
         self._device_plugin(f, snap, allocations, self.sources.advertised(), mig_by_uuid)
-        self._workloads(f)
+        self._workloads(f, snap)
         self._remediation(f, snap)
         self._agent(f, snap)
 
@@ -491,6 +527,7 @@ class Renderer:
             info = (*mig, gi.uuid or "", str(gi.placement.start), str(gi.placement.size))
             f.add("nodeagent_mig_instance_info", info, 1)
             f.add("nodeagent_mig_instance_busy", mig, float(gi.busy))
+            _profiling(f, "nodeagent_mig_prof_", MIG_PROFILING, mig, gi.profiling)
             dh = health.get(gi.uuid) if gi.uuid else None
             if dh is not None:
                 for candidate in HealthState:
@@ -623,11 +660,18 @@ class Renderer:
         self.processes = view.processes
         self.shared = view.shared
 
-    def _workloads(self, f: _Families) -> None:
+    def _workloads(self, f: _Families, snap: NodeSnapshot) -> None:
         """Usage per (device, container), and what no pod is found for."""
         view = self._workload_view
         if self.sources.cgroups is None or view is None:
             return
+        # GPM figures by device (gpu, GPU instance or None): a container's row carries those
+        # of the device it runs on.
+        profiling: dict[tuple[int, int | None], Profiling | None] = {}
+        for g in snap.gpus:
+            profiling[(g.info.index, None)] = g.profiling
+            for gi in g.mig_instances:
+                profiling[(g.info.index, gi.instance_id)] = gi.profiling
         for ids, unattributed in view.unattributed:
             f.add("nodeagent_gpu_unattributed_memory_used_bytes", ids, unattributed)
         f.add("nodeagent_workload_series_dropped", (), view.dropped)
@@ -638,6 +682,8 @@ class Renderer:
             f.add("nodeagent_workload_gpu_processes", labels, r.processes)
             if r.sm_share_ratio is not None:
                 f.add("nodeagent_workload_gpu_sm_share_ratio", labels, min(1.0, r.sm_share_ratio))
+            figures = profiling.get((r.device.gpu_index, r.device.mig_instance))
+            _profiling(f, "nodeagent_workload_gpu_prof_", WORKLOAD_PROFILING, labels, figures)
         for d in view.shared:
             ids = _device_labels(d.device)
             f.add("nodeagent_shared_gpu_workloads", ids, len(d.workloads))

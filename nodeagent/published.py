@@ -16,7 +16,8 @@ compact JSON (about 1.9 kB for an 8x H100 node split into 56 ``1g.10gb`` instanc
                "mig": [["1g.10gb", 0, 1, "b"], ...],   # profile, start, size, flags
                "b": true, "a": "team-a/train-0",       # whole GPU: busy, holder
                "ps": ["team-a/train-0"],               # every pod holding it or its MIG devices
-               "if": 0.42, "sw": 3}]}                  # shared: interference, workloads
+               "if": 0.42, "sw": 3,                    # shared: interference, workloads
+               "sm": 0.9, "dr": 0.4}]}                 # shared, GPM: SM and DRAM activity
 
 - ``models``: per GPU model with MIG enabled on some GPU, its memory slices (``s``) and its
   profiles as ``[name, memory slices, compute slices, max count, [legal starts]]``;
@@ -85,6 +86,12 @@ class PublishedGpu:
     # interference ratio and its workload count (see docs/sharing.md); None when not shared.
     interference: float | None = None
     shared_workloads: int = 0
+    # Shared GPU on a GPU with profiling (GPM): the SM and DRAM activity ratios (0..1) of the
+    # last interval, at one decimal (finer changes would re-patch the node for noise). None
+    # where not shared or not measured: coarse utilisation alone cannot tell contention from
+    # time-slice overhead.
+    sm_active: float | None = None
+    dram_active: float | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -157,9 +164,21 @@ def publish(
                 pods=_pods_of(gpu, pods or {}),
                 interference=(shared or {}).get(info.uuid, (None, 0))[0],
                 shared_workloads=(shared or {}).get(info.uuid, (None, 0))[1],
+                sm_active=_activity(gpu, shared, "sm_active_ratio"),
+                dram_active=_activity(gpu, shared, "dram_active_ratio"),
             )
         )
     return PublishedNode(tuple(gpus), geometries, allocations is not None)
+
+
+def _activity(
+    gpu: GpuState, shared: Mapping[str, tuple[float, int]] | None, field_name: str
+) -> float | None:
+    """A profiling ratio of a shared GPU, at one decimal; None when unshared or unmeasured."""
+    if gpu.profiling is None or gpu.info.uuid not in (shared or {}):
+        return None
+    value = getattr(gpu.profiling, field_name)
+    return None if value is None else round(float(value), 1)
 
 
 def _pods_of(gpu: GpuState, pods: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
@@ -194,6 +213,10 @@ def _encode_gpu(g: PublishedGpu) -> dict[str, Any]:
     if g.interference is not None:
         out["if"] = round(g.interference, 2)  # finer changes are noise: no patch for them
         out["sw"] = g.shared_workloads
+    if g.sm_active is not None:
+        out["sm"] = g.sm_active
+    if g.dram_active is not None:
+        out["dr"] = g.dram_active
     return out
 
 
@@ -305,7 +328,17 @@ def _decode_gpu(raw: Any) -> PublishedGpu:
         pods=tuple(str(p) for p in pods),
         interference=float(raw["if"]) if raw.get("if") is not None else None,
         shared_workloads=_int(raw.get("sw", 0), "gpus.sw"),
+        sm_active=_ratio(raw.get("sm"), "gpus.sm"),
+        dram_active=_ratio(raw.get("dr"), "gpus.dr"),
     )
+
+
+def _ratio(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise PublishedError(f"{what}: expected a ratio from 0 to 1, not {value!r}")
+    return float(value)
 
 
 @lru_cache(maxsize=8192)

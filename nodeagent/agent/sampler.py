@@ -27,12 +27,16 @@ class Sampler:
         self._store = store
         self.interval_s = config.interval_s
         node.nvlink_counters_interval_s = config.nvlink_counters_interval_s
+        node.profiling_enabled = config.profiling
+        node.profiling_interval_s = config.profiling_interval_s
         self._ready = threading.Event()
 
     def reload(self, config: AgentConfig) -> None:
         """Take a new pace (SIGHUP); the next wait already uses it."""
         self.interval_s = config.sampler.interval_s
         self._node.nvlink_counters_interval_s = config.sampler.nvlink_counters_interval_s
+        self._node.profiling_enabled = config.sampler.profiling
+        self._node.profiling_interval_s = config.sampler.profiling_interval_s
 
     @property
     def ready(self) -> bool:

@@ -69,6 +69,11 @@ class MetricsSection(Schema):
     max_workload_series: int = Field(
         1000, ge=1, le=100000, description="most (device, container) rows exported per render"
     )
+    dcgm_compat: bool = Field(
+        False,
+        description="also serve dcgm-exporter's default families (DCGM_FI_*, its label names) "
+        "from the same snapshot, for dashboards and alerts written against dcgm-exporter",
+    )
     probe: ProbeSection = Field(default_factory=ProbeSection)
 
     @field_validator("address")

@@ -60,6 +60,12 @@ class SamplerSection(Schema):
     nvlink_counters_interval_s: float = Field(
         10.0, ge=0, le=3600, description="NVLink error counters are read this often"
     )
+    profiling: bool = Field(
+        True, description="GPM profiling figures (SM, tensor, DRAM activity) on Hopper and later"
+    )
+    profiling_interval_s: float = Field(
+        5.0, ge=0, le=3600, description="GPM figures are sampled this often, averaged over it"
+    )
 
 
 class MigSection(Schema):

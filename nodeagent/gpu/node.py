@@ -23,6 +23,7 @@ from nodeagent.gpu.events import EventWatcher
 from nodeagent.gpu.inventory import Inventory, unknown_gpu_id
 from nodeagent.gpu.mig import MigControl, MigModeChange, ResetFunction, nvidia_smi_reset
 from nodeagent.gpu.nvml import Nvml
+from nodeagent.gpu.profiling import ProfilingReader
 from nodeagent.gpu.telemetry import Processes, TelemetryReader
 from nodeagent.gpu.types import (
     GpuInfo,
@@ -58,6 +59,7 @@ class GpuNode:
         processes = Processes(self._nvml)
         self._telemetry = TelemetryReader(self._nvml, self._inventory, processes)
         self._mig = MigControl(self._nvml, self._inventory, processes, reset)
+        self._profiling = ProfilingReader(self._nvml)
         self._last_instances: dict[int, tuple[GpuInstance, ...]] = {}
         self._last_geometry: dict[int, MigGeometry | None] = {}
 
@@ -140,6 +142,24 @@ class GpuNode:
     def nvlink_counters_interval_s(self, value: float) -> None:
         self._telemetry.nvlink_counters_interval_s = value
 
+    @property
+    def profiling_enabled(self) -> bool:
+        """Whether snapshots carry GPM profiling figures (where the GPU has GPM; on by default)."""
+        return self._profiling.enabled
+
+    @profiling_enabled.setter
+    def profiling_enabled(self, value: bool) -> None:
+        self._profiling.enabled = value
+
+    @property
+    def profiling_interval_s(self) -> float:
+        """GPM figures are sampled at most this often (0: on every sample), over that span."""
+        return self._profiling.interval_s
+
+    @profiling_interval_s.setter
+    def profiling_interval_s(self, value: float) -> None:
+        self._profiling.interval_s = value
+
     def telemetry(self, index: int) -> Telemetry:
         """One sample of moving values and health counters."""
         return self._telemetry(index)
@@ -153,6 +173,9 @@ class GpuNode:
             instances = self._mig.sample_instances(index, processes, bool(info.mig_enabled))
             # Read by sample_instances already when MIG is on (and cached), so this is free.
             geometry = self._mig.mig_geometry(index) if info.mig_enabled else None
+            # GPM after the coarse readings: two samples bound each interval (this pass's and
+            # the last one's), per GPU and per GPU instance.
+            profiling, instances = self._profiling.read(index, instances)
             self._last_instances[index] = instances
             self._last_geometry[index] = geometry
             return GpuState(
@@ -162,6 +185,7 @@ class GpuNode:
                 # The readings that failed are None in the telemetry; the error says which.
                 error="; ".join(failed_readings) if failed_readings else None,
                 mig_geometry=geometry,
+                profiling=profiling,
             )
         except GpuLost as exc:
             info = self._inventory.unreadable_info(index, driver, cuda)
@@ -208,5 +232,6 @@ class GpuNode:
         return EventWatcher(self._nvml)
 
     def close(self) -> None:
-        """Shut NVML down."""
+        """Free the GPM samples and shut NVML down."""
+        self._profiling.close()
         self._nvml.close()

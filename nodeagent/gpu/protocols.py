@@ -72,6 +72,8 @@ class SnapshotSource(Protocol):
     """What the sampler reads: one snapshot of every GPU per call."""
 
     nvlink_counters_interval_s: float  # NVLink error counters are read at most this often
+    profiling_enabled: bool  # GPM profiling figures in the snapshot (where the GPU has GPM)
+    profiling_interval_s: float  # GPM figures are sampled at most this often
 
     def snapshot(self) -> NodeSnapshot:
         """Sample every GPU."""

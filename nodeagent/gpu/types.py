@@ -143,6 +143,32 @@ class ComputeInstance:
 
 
 @dataclass(frozen=True, slots=True)
+class Profiling:
+    """Profiling figures of a GPU or of one MIG GPU instance over one sampling interval.
+
+    Computed by NVML's GPM (``nvmlGpmMetricsGet``, Hopper and later) from two samples taken
+    ``interval_s`` apart: what DCGM exports as ``DCGM_FI_PROF_*``. Ratios are 0..1 (NVML gives
+    percent); rates are bytes per second (NVML gives MiB/s). A figure NVML did not compute for
+    this device or instance (PCIe and NVLink on a MIG instance, for one) is ``None``, never 0.
+    A GPU or instance without GPM has no ``Profiling`` at all.
+    """
+
+    interval_s: float  # time between the two GPM samples the figures were computed from
+    graphics_active_ratio: float | None  # GRAPHICS_UTIL: any graphics/compute engine busy
+    sm_active_ratio: float | None  # SM_UTIL: share of SMs busy
+    sm_occupancy_ratio: float | None  # SM_OCCUPANCY: resident warps vs the theoretical maximum
+    tensor_active_ratio: float | None  # ANY_TENSOR_UTIL: any tensor pipe busy
+    dram_active_ratio: float | None  # DRAM_BW_UTIL: DRAM bandwidth used vs the peak
+    fp64_active_ratio: float | None  # FP64_UTIL (non-tensor)
+    fp32_active_ratio: float | None  # FP32_UTIL (non-tensor)
+    fp16_active_ratio: float | None  # FP16_UTIL (non-tensor)
+    pcie_tx_bytes_per_second: float | None  # PCIE_TX_PER_SEC: from the GPU
+    pcie_rx_bytes_per_second: float | None  # PCIE_RX_PER_SEC: to the GPU
+    nvlink_tx_bytes_per_second: float | None  # NVLINK_TOTAL_TX_PER_SEC, all links
+    nvlink_rx_bytes_per_second: float | None  # NVLINK_TOTAL_RX_PER_SEC, all links
+
+
+@dataclass(frozen=True, slots=True)
 class GpuInstance:
     """A GPU instance with its compute instances and the processes running on it."""
 
@@ -153,6 +179,10 @@ class GpuInstance:
     placement: Placement
     compute_instances: tuple[ComputeInstance, ...]
     pids: tuple[int, ...]  # processes running on any of its compute instances
+    # GPM figures of this instance (nvmlGpmMigSampleGet) in a snapshot; None where GPM is
+    # absent, profiling is off, or outside a snapshot (MIG calls). Not part of the instance's
+    # identity: two reads of the same layout compare equal whatever the load.
+    profiling: Profiling | None = field(default=None, compare=False)
 
     @property
     def busy(self) -> bool:
@@ -344,6 +374,9 @@ class GpuState:
     # The MIG rules of the GPU's model while MIG is enabled (None otherwise): what capacity and
     # fragmentation are computed from, so no consumer has to ask NVML for it.
     mig_geometry: MigGeometry | None = None
+    # GPM profiling of the whole GPU over the last interval; None where the GPU has no GPM
+    # (before Hopper), profiling is off, or the first of the two samples is still missing.
+    profiling: Profiling | None = None
 
 
 @dataclass(frozen=True, slots=True)

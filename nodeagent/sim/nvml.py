@@ -26,13 +26,13 @@ from typing import Any
 import pynvml
 
 from nodeagent.migcatalog import driver_branch
-from nodeagent.sim import cabi, models, ops, presets, telemetry
+from nodeagent.sim import cabi, gpm, models, ops, presets, telemetry
 from nodeagent.sim.state import SimStateError, State, StateStore, default_state_dir
 from nodeagent.sim.watch import ChangeWaiter
 
 # Handle address layout: magic (4 bits) | kind (4) | gpu (8) | gi (8) | ci (8) | serial (24).
 _MAGIC = 0x5
-_KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET = 1, 2, 3, 4, 5
+_KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET, _KIND_GPM_SAMPLE = 1, 2, 3, 4, 5, 6
 _SERIAL_MASK = (1 << 24) - 1
 # The first driver branch with nvmlDeviceGetMemoryInfo_v2 (inferred: R470's NVML reference has
 # only nvmlMemory_t, R525's has nvmlMemory_v2_t; R510 is the branch between them that added it).
@@ -214,6 +214,10 @@ class SimNvml:
         self._entry_points: dict[str, cabi.Entry] | None = None
         self._next_event_set = 1
         self._processes_by_gpu: tuple[State, dict[int, list[dict[str, Any]]]] | None = None
+        # GPM sample buffers by address: None until a sample is taken into it. Samples live in
+        # this process, as the driver keeps them in the caller's address space.
+        self._gpm_samples: dict[int, gpm.Sample | None] = {}
+        self._next_gpm_sample = 1
         for code, text in _ERROR_STRINGS.items():
             pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
@@ -1045,6 +1049,110 @@ class SimNvml:
         self.fill_field_values(handle, list(values))
         return values
 
+    # --- GPM (GPU Performance Monitoring) -------------------------------------------------------
+    def _require_gpm_driver(self) -> None:
+        """FUNCTION_NOT_FOUND before R520, as pynvml raises it for a symbol the driver lacks."""
+        if driver_branch(str(self._state()["driver_version"])) < gpm.GPM_MIN_DRIVER_BRANCH:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        """``c_nvmlGpmSupport_t``: ``isSupportedDevice`` 1 on Hopper and later, else 0."""
+        self._require_gpm_driver()
+        _, gpu = self._gpu(device)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(gpm.supported(gpu))
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        """A new, empty sample buffer (a ``c_nvmlGpmSample_t`` the caller must free)."""
+        self._require_gpm_driver()
+        with self._lock:
+            serial = self._next_gpm_sample
+            self._next_gpm_sample = serial % _SERIAL_MASK + 1
+            address = _encode(_KIND_GPM_SAMPLE, serial=serial)
+            self._gpm_samples[address] = None
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlGpmSample_t)
+
+    def _gpm_address(self, sample: Any) -> int:
+        """The address of an allocated sample buffer; INVALID_ARGUMENT for anything else."""
+        try:
+            address = ctypes.cast(sample, ctypes.c_void_p).value
+        except (ctypes.ArgumentError, TypeError):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        if address is None or address not in self._gpm_samples:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return address
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        """Release a sample buffer."""
+        with self._lock:
+            del self._gpm_samples[self._gpm_address(gpmSample)]
+
+    def _store_gpm_sample(self, gpmSample: Any, sample: gpm.Sample) -> Any:
+        with self._lock:
+            self._gpm_samples[self._gpm_address(gpmSample)] = sample
+        return gpmSample
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        """Take a sample of the whole GPU; NOT_SUPPORTED before Hopper."""
+        self._require_gpm_driver()
+        state, gpu = self._gpu(device)
+        if not gpm.supported(gpu):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        activity = gpm.gpu_activity(gpu, self._procs(state, gpu), now)
+        return self._store_gpm_sample(gpmSample, gpm.Sample(gpu["index"], None, now, activity))
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        """Take a sample of GPU instance ``gpuInstanceId`` of the GPU ``device``."""
+        self._require_gpm_driver()
+        state, gpu = self._gpu(device)
+        if not gpm.supported(gpu):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        ops.require_mig_enabled(gpu)
+        gi = ops.find_gi(gpu, int(gpuInstanceId))
+        if gi is None:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        now = self.clock()
+        activity = gpm.instance_activity(gpu, gi, self._procs(state, gpu), now)
+        sample = gpm.Sample(gpu["index"], gi["id"], now, activity)
+        return self._store_gpm_sample(gpmSample, sample)
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        """Fill ``metrics[:numMetrics]`` of a ``c_nvmlGpmMetricsGet_t`` from its two samples.
+
+        As in NVML, each metric carries its own ``nvmlReturn``: NOT_SUPPORTED for one the
+        device does not count (PCIe and NVLink of a MIG instance) or the simulator does not
+        model. The call itself fails for a wrong struct version, an untaken sample, or two
+        samples of different devices. ``metricInfo`` (names, unit) is left empty.
+        """
+        self._require_gpm_driver()
+        if int(metricsGet.version) != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        count = int(metricsGet.numMetrics)
+        if not 0 <= count <= len(metricsGet.metrics):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            first = self._gpm_samples[self._gpm_address(metricsGet.sample1)]
+            second = self._gpm_samples[self._gpm_address(metricsGet.sample2)]
+        if first is None or second is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if (first.gpu, first.gpu_instance) != (second.gpu, second.gpu_instance):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for slot in metricsGet.metrics[:count]:
+            metric_id = int(slot.metricId)
+            value = (
+                gpm.metric(metric_id, first.activity, second.activity)
+                if metric_id in gpm.MODELLED_METRICS
+                else None
+            )
+            if value is None:
+                slot.nvmlReturn, slot.value = int(pynvml.NVML_ERROR_NOT_SUPPORTED), 0.0
+            else:
+                slot.nvmlReturn, slot.value = int(pynvml.NVML_SUCCESS), value
+        return metricsGet
+
     # --- events -----------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> Any:
         """A new event set; it sees events queued after this call."""
@@ -1534,6 +1642,9 @@ for _name, _method in list(vars(SimNvml).items()):
 HANDLE_FUNCTIONS = frozenset(
     name
     for name in vars(SimNvml)
-    if name.startswith(("nvmlDevice", "nvmlGpuInstance", "nvmlComputeInstance"))
+    if (
+        name.startswith(("nvmlDevice", "nvmlGpuInstance", "nvmlComputeInstance"))
+        or name in ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet", "nvmlGpmMigSampleGet")
+    )
     and name != "nvmlDeviceGetCount"
 )

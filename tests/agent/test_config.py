@@ -59,7 +59,7 @@ def test_a_full_file_is_read(tmp_path: Path) -> None:
         pytest.param(
             "version: v1\nsampler:\n  interval: 3\n",
             "agent.yaml:3: sampler.interval: unknown field "
-            "(known: interval_s, nvlink_counters_interval_s)",
+            "(known: interval_s, nvlink_counters_interval_s, profiling, profiling_interval_s)",
             id="unknown field names file line and field",
         ),
         pytest.param(

@@ -49,4 +49,11 @@ def test_rules_use_no_unknown_bare_series() -> None:
 def test_dashboard_panels_are_laid_out() -> None:
     assert_laid_out(DASHBOARD)
     titles = {p["title"] for p in dashboard(DASHBOARD)["panels"] if p["type"] == "row"}
-    assert titles == {"Pool health", "Fragmentation", "MIG layout", "Driver drift", "Shared GPUs"}
+    assert titles == {
+        "Pool health",
+        "Fragmentation",
+        "MIG layout",
+        "Driver drift",
+        "Shared GPUs",
+        "Profiling",
+    }

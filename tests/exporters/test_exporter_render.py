@@ -28,6 +28,7 @@ from tests.exporters.exporter_factories import (
     snapshot,
     value,
 )
+from tests.exporters.profiling_factories import with_profiling
 
 DOC = Path(__file__).parents[2] / "docs" / "metrics.md"
 UID0 = "00000000-0000-0000-0000-000000000000"
@@ -96,12 +97,12 @@ def full_node() -> tuple[NodeSnapshot, FakeHealth, Allocations]:
     mig1 = [instance(1, 2, "4g.40gb", 0, 4)]
     snap = snapshot(
         [
-            gpu_state(0, mig=mig0),
+            with_profiling(gpu_state(0, mig=mig0)),
             gpu_state(
                 1, mig=mig1, retired_pages_sbe=0, retired_pages_dbe=0, retired_pages_pending=False
             ),
             gpu_state(2),
-            gpu_state(3, processes=2),
+            with_profiling(gpu_state(3, processes=2)),
             gpu_state(4, lost=True),
         ],
         nvml_errors={"nvmlDeviceGetHandleByIndex": 1},

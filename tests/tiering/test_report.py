@@ -168,7 +168,9 @@ def test_report_table(mixed_cluster):
     assert re.match(r"training\s+3\s+24\s+3\s+0\s+0\s+0\s+1 \(", training)
     assert "Xid79 x1" in training
     at = lines.index("Shared GPUs by interference")
-    assert lines[at + 1].split() == ["NODE", "TIER", "GPU", "WORKLOADS", "INTERFERENCE", "PODS"]
+    assert lines[at + 1].split() == [
+        *("NODE", "TIER", "GPU", "WORKLOADS", "INTERFERENCE", "SM", "DRAM", "JUDGED", "PODS")
+    ]
     assert lines[at + 2].split()[2:5] == ["2", "2", "0.80"]
 
 
