@@ -8,7 +8,6 @@ loopback with a temporary config and data directory. Each query must return seri
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,20 +27,12 @@ from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.nodes import split_into
 from nodeagent.testing.podresources import FakeKubelet
-from nodeagent.testing.prometheus import PrometheusServer, find_prometheus
+from nodeagent.testing.prometheus import PrometheusServer
 from nodeagent_exporters import dcgm_compat
 from nodeagent_exporters.component import MetricsExporter, build
+from tests.exporters.test_prometheus_integration import prometheus_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-def prometheus_binary() -> str:
-    path = find_prometheus()
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus is missing in CI: apt-get install prometheus")
-        pytest.skip("prometheus not installed (Debian package prometheus)")
-    return path
 
 
 @pytest.fixture
