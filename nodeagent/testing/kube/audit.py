@@ -42,10 +42,17 @@ def read_audit(path: Path, since: int = 0, user: str | None = None) -> list[Audi
     requests = []
     try:
         with path.open("rb") as log_file:
-            log_file.seek(since)
-            lines = log_file.read().splitlines()
+            # From the byte before the mark: a mark taken while a line was being written falls
+            # inside that line, which is older than the mark and is skipped whole.
+            log_file.seek(max(since - 1, 0))
+            data = log_file.read()
     except FileNotFoundError:
         return []
+    if since > 0:
+        data = data[data.find(b"\n") + 1 :] if data[:1] != b"\n" else data[1:]
+    # kube-apiserver may be writing the last line as it is read: only whole lines count, the
+    # rest is read on the next call (an unterminated JSON line made a reader fail).
+    lines = data[: data.rfind(b"\n") + 1].splitlines()
     for line in lines:
         event = json.loads(line)
         stage, verb = event.get("stage"), event.get("verb", "")
