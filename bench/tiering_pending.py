@@ -54,10 +54,8 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, decode, encode
-from nodeagent_tiering.clusterfile import ClusterFile, load_cluster
-from nodeagent_tiering.pending import Diagnoser, Settings
-from nodeagent_tiering.simulate import simulate
-from nodeagent_tiering.view import (
+from nodeagent_tiering.cluster.clusterfile import ClusterFile, load_cluster
+from nodeagent_tiering.cluster.view import (
     KUEUE_GATE,
     ClusterView,
     NodeInfo,
@@ -66,6 +64,9 @@ from nodeagent_tiering.view import (
     Taint,
     Toleration,
 )
+from nodeagent_tiering.pending.diagnosis import Diagnoser
+from nodeagent_tiering.pending.results import Settings
+from nodeagent_tiering.simulate import simulate
 
 H100 = "NVIDIA H100 80GB HBM3"
 L40S = "NVIDIA L40S"

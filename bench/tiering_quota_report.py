@@ -12,7 +12,7 @@ then does what ``nodeagent tiering report --quota ... --json --html`` does after
 3. render the table rows, the JSON and the HTML page.
 
 The command pauses Python's cyclic garbage collector while it reads and builds
-(``review_quota.gc_paused``); the measured runs do the same. Baselines, same run: the same
+(``review.inputs.gc_paused``); the measured runs do the same. Baselines, same run: the same
 report with the collector left on (one run: what the pause saves), and the tier review alone
 (no quota section) over the same 5,000 nodes and Events -- what the review cost before.
 Target: the whole report under 10 s. Median of ``--runs`` runs, wall clock per phase and the
@@ -34,15 +34,13 @@ from typing import Any
 from tiering_common import count_options
 
 from nodeagent.testing.kueue_month import simulate
-from nodeagent_tiering import kueue
-from nodeagent_tiering.nodes import NodeView
-from nodeagent_tiering.report import build_review, render_html, table_rows
-from nodeagent_tiering.review_quota import (
-    QuotaSection,
-    ReviewInputs,
-    build_pool_review,
-    gc_paused,
-)
+from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.review.build import assemble_review
+from nodeagent_tiering.review.inputs import ReviewInputs, gc_paused
+from nodeagent_tiering.review.quota import QuotaSection
+from nodeagent_tiering.review.render import render_html, table_rows
+from nodeagent_tiering.review.tiers import build_review
 
 TARGET_S = 10.0
 KINDS = ("nodes", "pods", "events", "flavors", "cluster_queues", "local_queues", "workloads")
@@ -56,9 +54,9 @@ def measure(bodies: dict[str, bytes], now_s: float, period_s: float) -> dict[str
     times["decode"] = time.perf_counter() - t
     t = time.perf_counter()
     inputs = ReviewInputs(now_s=now_s, period_s=period_s, kueue=kueue.KueueApi("v1beta2"), **lists)
-    review = build_pool_review(inputs)
-    section = review.sections[-1]
-    assert isinstance(section, QuotaSection)
+    review = assemble_review(inputs)
+    # The quota section is one of several (the shared-GPU section follows it).
+    section = next(s for s in review.sections if isinstance(s, QuotaSection))
     times["build"] = time.perf_counter() - t
     t = time.perf_counter()
     table_rows(review)

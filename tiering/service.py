@@ -8,26 +8,46 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
-from nodeagent_tiering.clock import Clock, SystemClock
-from nodeagent_tiering.controller import Controller
-from nodeagent_tiering.informer import NodeCache
-from nodeagent_tiering.kube import Kube
-from nodeagent_tiering.kueue_sync import KueueSync, service_flavors
-from nodeagent_tiering.leader import LeaderElector
-from nodeagent_tiering.pending import MigPlanner, settings_for
-from nodeagent_tiering.pending_loop import PendingLoop
-from nodeagent_tiering.planner import Plan
-from nodeagent_tiering.policy import TierPolicy
-from nodeagent_tiering.quota import QuotaPolicy
+from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.clock import Clock, SystemClock
+from nodeagent_tiering.cluster.informer import NodeCache
+from nodeagent_tiering.cluster.tier_policy import TierPolicy
+from nodeagent_tiering.drain.controller import Controller
+from nodeagent_tiering.drain.leader import LeaderElector
+from nodeagent_tiering.drain.metrics import DrainMetrics
+from nodeagent_tiering.drain.planner import Plan
+from nodeagent_tiering.pending.loop import PendingLoop
+from nodeagent_tiering.pending.metrics import PendingMetrics
+from nodeagent_tiering.pending.mig import MigPlanner
+from nodeagent_tiering.pending.results import settings_for
+from nodeagent_tiering.quota.metrics import QuotaMetrics
+from nodeagent_tiering.quota.policy import QuotaPolicy
+from nodeagent_tiering.quota.sync import KueueSync, service_flavors
 
 
 class LeaseHeldError(Exception):
     """Another replica holds the lease, so a one-shot pass that would write must not run."""
+
+
+@dataclass
+class ServiceMetrics:
+    """The one registry the service serves, with each area's families registered on it.
+
+    The areas do not know each other: each defines its own metrics class, and only this
+    composition puts them on one registry.
+    """
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.drain = DrainMetrics(self.registry)
+        self.pending = PendingMetrics(self.registry)
+        self.quota = QuotaMetrics(self.registry)
 
 
 @dataclass
@@ -40,6 +60,7 @@ class Service:
     elector: LeaderElector | None  # None in a dry run: it writes nothing, the lease included
     pending: PendingLoop  # why GPU workloads are pending (advisory: Events, metrics, history)
     kueue: KueueSync | None = None  # tiers as Kueue flavors and the quota metrics; None: off
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
 
 
 def build(
@@ -70,12 +91,21 @@ def build(
         elector = LeaderElector(
             kube, namespace=namespace, name=lease_name, identity=identity, clock=clock
         )
-    controller = Controller(kube, cache, policy, clock=clock, elector=elector, dry_run=dry_run)
+    metrics = ServiceMetrics()
+    controller = Controller(
+        kube,
+        cache,
+        policy,
+        clock=clock,
+        elector=elector,
+        dry_run=dry_run,
+        metrics=metrics.drain,
+    )
     pending = PendingLoop(
         kube,
         cache,
         settings_for(policy),
-        controller.metrics.pending,
+        metrics.pending,
         planner,
         clock=clock,
         namespace=namespace,
@@ -88,14 +118,14 @@ def build(
         link = KueueSync(
             kube,
             service_flavors(policy, quota),
-            controller.metrics.quota,
+            metrics.quota,
             clock=clock,
             interval_s=policy.resync_s,
             dry_run=dry_run,
             may_act=controller.may_act,
             dry_log=controller.dry_log.add,
         )
-    return Service(kube, cache, controller, elector, pending, link)
+    return Service(kube, cache, controller, elector, pending, link, metrics)
 
 
 def run_once(service: Service) -> Plan:
@@ -120,7 +150,7 @@ def run_once(service: Service) -> Plan:
 def serve(service: Service, metrics_host: str | None, metrics_port: int | None) -> None:
     """Reconcile until SIGTERM or SIGINT, serving the metrics on the port when one is given."""
     if metrics_port is not None:
-        registry = service.controller.metrics.registry
+        registry = service.metrics.registry
         start_http_server(metrics_port, addr=metrics_host or "0.0.0.0", registry=registry)  # noqa: S104
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

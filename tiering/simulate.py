@@ -1,9 +1,10 @@
 """One pass of the service over API-shaped objects, in process: ``nodeagent tiering simulate``.
 
 With a tier policy the pass first plans tiers and drains exactly as the leader would
-(:func:`nodeagent_tiering.planner.plan`) and applies the node writes it would make (tier labels,
-cordon, taint, drain record) to the objects; then it diagnoses every pending GPU pod. Pods
-without a node are taken as the scheduler found them: unschedulable (there is no scheduler here).
+(:func:`nodeagent_tiering.drain.planner.plan`) and applies the node writes it would make
+(tier labels, cordon, taint, drain record) to the objects; then it diagnoses every pending
+GPU pod. Pods without a node are taken as the scheduler found them: unschedulable (there is
+no scheduler here).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
-from nodeagent_tiering.pending import Diagnoser, MigPlanner, PassResult, settings_for
-from nodeagent_tiering.planner import BreakerState, Release, SetTier, StartDrain, plan
-from nodeagent_tiering.policy import TierPolicy
-from nodeagent_tiering.view import view_from_objects
-
-JSON = dict[str, Any]
+from nodeagent_tiering.cluster import JSON
+from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
+from nodeagent_tiering.cluster.tier_policy import TierPolicy
+from nodeagent_tiering.cluster.view import view_from_objects
+from nodeagent_tiering.drain.planner import BreakerState, Release, SetTier, StartDrain, plan
+from nodeagent_tiering.pending.diagnosis import Diagnoser
+from nodeagent_tiering.pending.mig import MigPlanner
+from nodeagent_tiering.pending.results import PassResult, settings_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from nodeagent.gpu.types import MigGeometry, MigSlot
 from nodeagent_mig.planner import Instance, PlanError, plan_gpu
-from nodeagent_tiering.pending import MigPlan
+from nodeagent_tiering.pending.mig import MigPlan
 
 
 def plan_for_diagnosis(

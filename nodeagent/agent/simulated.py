@@ -1,7 +1,7 @@
 """What the agents of a simulated cluster would publish: Node objects from a cluster file.
 
 ``nodeagent tiering simulate`` and its tests build every node of a cluster file
-(:mod:`nodeagent_tiering.clusterfile`) the way its agent would describe it:
+(:mod:`nodeagent_tiering.cluster.clusterfile`) the way its agent would describe it:
 
 1. a simulated node of the preset in its own state directory (the simulator, through the GPU
    layer, as the agent drives it);
@@ -44,8 +44,8 @@ from nodeagent_exporters.component import MetricsExporter
 from nodeagent_exporters.podresources import Allocations, PodDevice
 from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import DEFAULT_CONFIG_FILE, load_config
-from nodeagent_tiering.clusterfile import ClusterFile, Node
-from nodeagent_tiering.view import pod_requests
+from nodeagent_tiering.cluster.clusterfile import ClusterFile, Node
+from nodeagent_tiering.cluster.view import pod_requests
 
 JSON = dict[str, Any]
 CPU_CAPACITY = {"cpu": "128", "memory": "1Ti", "pods": "250", "ephemeral-storage": "1Ti"}

@@ -46,7 +46,8 @@ KubeconfigOption = Annotated[
     typer.Option(
         "--kubeconfig",
         envvar="NODEAGENT_TIERING_KUBECONFIG",
-        help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config).",
+        help="kubeconfig file (default: $KUBECONFIG, in a pod its ServiceAccount, else "
+        "~/.kube/config).",
         show_default=False,
     ),
 ]
@@ -99,7 +100,7 @@ QuotaOption = Annotated[
 
 
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
-    from nodeagent_tiering.kube import Kube, api_client
+    from nodeagent_tiering.cluster.api import Kube, api_client
 
     try:
         api = api_client(server=server, kubeconfig=kubeconfig, in_cluster=in_cluster)
@@ -112,7 +113,7 @@ def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> An
 
 
 def _policy(path: Path) -> Any:
-    from nodeagent_tiering.policy import load_policy
+    from nodeagent_tiering.cluster.tier_policy import load_policy
 
     try:
         return load_policy(path)
@@ -123,8 +124,8 @@ def _policy(path: Path) -> Any:
 def _flavors(policy: Any, quota: Any) -> Any:
     """The tiers' desired flavors (the tier policy's tiers, else the quota policy's), or exit 2
     when two tiers would share a flavor name."""
-    from nodeagent_tiering.kueue_sync import service_flavors
-    from nodeagent_tiering.quota import flavors_of
+    from nodeagent_tiering.quota.policy import flavors_of
+    from nodeagent_tiering.quota.sync import service_flavors
 
     try:
         if policy is not None:
@@ -136,7 +137,7 @@ def _flavors(policy: Any, quota: Any) -> Any:
 
 def _quota(path: Path, tier_policy: Any = None) -> Any:
     """The quota policy, checked against the tier policy's tiers when one is given."""
-    from nodeagent_tiering.quota import QuotaPolicyError, load_quota_policy
+    from nodeagent_tiering.quota.policy import QuotaPolicyError, load_quota_policy
 
     tiers = [t.name for t in tier_policy.tiers] if tier_policy is not None else None
     try:
@@ -198,7 +199,7 @@ def run_command(
 ) -> None:
     """Assign tiers and drain unstable nodes within the disruption budget."""
     from nodeagent_tiering import service as tiering
-    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.cluster.api import KubeError
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -232,7 +233,7 @@ def run_command(
         for line in service.controller.dry_log.lines:
             sys.stdout.write(f"would {line}\n")
         if dry_run and service.kueue is not None and service.kueue.api is not None:
-            from nodeagent_tiering.quota import render_yaml
+            from nodeagent_tiering.quota.policy import render_yaml
 
             sys.stdout.write("# the ResourceFlavors the service keeps:\n")
             sys.stdout.write(render_yaml(service.kueue.objects()))
@@ -301,21 +302,11 @@ def report_command(
 ) -> None:
     """The pool review: per tier health, drift, MIG layouts, fragmentation, drains; per tier
     and team quota, queue waits, utilisation and failures, and what to change."""
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.report import (
-        TABLE_HEADERS,
-        ReportError,
-        query_prometheus,
-        render_html,
-        table_rows,
-    )
-    from nodeagent_tiering.review_quota import (
-        build_pool_review,
-        gc_paused,
-        parse_duration,
-        query_usage,
-        read_inputs,
-    )
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.units import parse_duration
+    from nodeagent_tiering.review.build import build_pool_review
+    from nodeagent_tiering.review.prometheus import ReportError
+    from nodeagent_tiering.review.render import TABLE_HEADERS, render_html, table_rows
 
     try:
         period_s = parse_duration(since) if since is not None else period_days * 86400
@@ -326,33 +317,24 @@ def report_command(
     quota = _quota(quota_file, policy) if quota_file else None
     flavors = _flavors(policy, quota)
     api, kube_cls = _client(server, kubeconfig, in_cluster)
-    kube = kube_cls(api)
-    now = time.time()
-    with gc_paused():  # the reads and the build make millions of objects
-        try:
-            inputs = read_inputs(kube, now_s=now, period_s=period_s)
-            values = query_prometheus(prometheus, node_label) if prometheus else None
-            usage = (
-                query_usage(prometheus, node_label, period_s=period_s, step_s=step_s)
-                if prometheus
-                else None
-            )
-        except KubeError as exc:
-            fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
-        except ReportError as exc:
-            fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
+    try:
         review = build_pool_review(
-            inputs,
+            kube_cls(api),
+            now_s=time.time(),
+            period_s=period_s,
+            planner=plan_for_diagnosis,
+            namespace=namespace,
             policy=policy,
             quota=quota,
             flavors=flavors,
-            prometheus=values,
-            usage=usage,
-            usage_source=f"Prometheus {prometheus}"
-            if prometheus
-            else "not queried (no --prometheus)",
+            prometheus=prometheus,
+            node_label=node_label,
+            step_s=step_s,
         )
-    review.sections.append(_fragmentation(kube, namespace, policy, now, period_s))
+    except KubeError as exc:
+        fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
+    except ReportError as exc:
+        fail(str(exc), "check --prometheus (e.g. http://prometheus:9090)")
     if html_file is not None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         try:
@@ -383,8 +365,8 @@ def reset_breaker_command(
     lease_name: LeaseOption = "nodeagent-tiering",
 ) -> None:
     """Close the circuit breaker; the leader resumes drains at its next renewal."""
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.leader import reset_breaker_on_lease
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.drain.leader import reset_breaker_on_lease
 
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     try:
@@ -437,8 +419,8 @@ KueueVersionOption = Annotated[
 
 def _kueue_api(version: str | None, kube: Any | None) -> Any:
     """The Kueue API to speak: as asked, or discovered from the cluster."""
-    from nodeagent_tiering import kueue
-    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.cluster import kueue
+    from nodeagent_tiering.cluster.api import KubeError
 
     if version not in (None, "auto") and version not in kueue.VERSIONS:
         fail(f"--kueue-version {version!r} is not one of auto, {', '.join(kueue.VERSIONS)}", "")
@@ -488,9 +470,9 @@ def quota_render_command(
 ) -> None:
     """Print the ClusterQueues, Cohorts, LocalQueues (and flavors) as multi-document YAML, or
     apply them."""
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.quota import render, render_yaml
-    from nodeagent_tiering.quota_apply import apply_objects
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.quota.apply import apply_objects
+    from nodeagent_tiering.quota.policy import render, render_yaml
 
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy)
@@ -524,9 +506,9 @@ def quota_check_command(
 ) -> None:
     """Check the quota against the cluster: guarantees the healthy nodes cannot back,
     over-commitment, missing queues and flavors. Exit 1 when a problem is found."""
-    from nodeagent_tiering import kueue
-    from nodeagent_tiering.backing import Cluster, check
-    from nodeagent_tiering.kube import KubeError
+    from nodeagent_tiering.cluster import kueue
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.quota.backing import Cluster, check
 
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy)
@@ -569,9 +551,9 @@ def quota_flavors_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """The tiers' ResourceFlavors: printed (a dry run), or synced once with --sync."""
-    from nodeagent_tiering.flavors import FlavorSync
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.quota import render_yaml
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.quota.flavors import FlavorSync
+    from nodeagent_tiering.quota.policy import render_yaml
 
     policy = _policy(policy_file)
     quota = _quota(quota_file, policy) if quota_file else None
@@ -607,49 +589,6 @@ def quota_flavors_command(
         sys.stdout.write(f"{line}\n")
     bad = report.foreign or report.drifted or report.errors
     raise typer.Exit(EXIT_DRIFT if bad else EXIT_OK)
-
-
-def _fragmentation(kube: Any, namespace: str, policy: Any, now: float, period_s: float) -> Any:
-    """The review's fragmentation section: the service's history plus a live pass."""
-    from nodeagent_tiering.history import (
-        History,
-        HistoryStore,
-        fragmentation_section,
-        section_tables,
-    )
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.pending import Diagnoser, settings_for
-    from nodeagent_tiering.report import TableSection
-
-    notes = []
-    store = HistoryStore(kube, namespace)
-    try:
-        history = store.load()
-    except KubeError as exc:
-        history = History()
-        notes.append(f"history unavailable: {exc}")
-    current = None
-    try:
-        current = Diagnoser(_live_view(kube), settings_for(policy), plan_for_diagnosis).run()
-    except KubeError as exc:
-        notes.append(f"live pass unavailable: {exc}")
-    section = fragmentation_section(history, now_s=now, period_s=period_s, current=current)
-    data = {**section.to_json(), "source": f"ConfigMap {namespace}/{store.name}, live pass"}
-    if notes:
-        data["note"] = "; ".join(notes)
-    return TableSection("fragmentation", "Fragmentation", data, section_tables(section))
-
-
-def _live_view(kube: Any) -> Any:
-    """Nodes, pods and (when Kueue is installed) Workloads, listed once. Raises KubeError."""
-    from nodeagent_tiering.view import view_from_objects
-
-    workloads = kube.list_workloads()
-    return view_from_objects(
-        kube.list_nodes().get("items") or [],
-        kube.list_pods().get("items") or [],
-        None if workloads is None else workloads.get("items") or [],
-    )
 
 
 PENDING_HEADERS = ["POD", "REQUEST", "REASON", "EVIDENCE", "SMALLEST UNBLOCKING CHANGE"]
@@ -692,26 +631,24 @@ def why_pending_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """Why each pending GPU pod waits, and the smallest change that would unblock it."""
-    from nodeagent_tiering.kube import KubeError
-    from nodeagent_tiering.pending import Diagnoser, PassResult, settings_for
+    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.view import read_view
+    from nodeagent_tiering.pending.diagnosis import diagnose_some
+    from nodeagent_tiering.pending.results import settings_for
 
     policy = _policy(policy_file) if policy_file else None
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     kube = kube_cls(api)
     try:
-        view = _live_view(kube)
+        view = read_view(kube)
     except KubeError as exc:
         fail(str(exc), "check --server/--kubeconfig and that the API server is reachable")
     if pod is not None and namespace is None:
         namespace = "default"
-    diagnoser = Diagnoser(view, settings_for(policy), plan_for_diagnosis)
-    chosen = [
-        p
-        for p in diagnoser.pending()
-        if (namespace is None or p.namespace == namespace) and (pod is None or p.name == pod)
-    ]
-    result = PassResult(tuple(diagnoser.diagnose(p) for p in chosen), diagnoser.stats(()))
-    if pod is not None and not chosen:
+    result = diagnose_some(
+        view, plan_for_diagnosis, settings_for(policy), namespace=namespace, pod=pod
+    )
+    if pod is not None and not result.diagnoses:
         found = next((p for p in view.pods if (p.namespace, p.name) == (namespace, pod)), None)
         if found is None:
             fail(f"no pod {namespace}/{pod}", "check the name and -n NAMESPACE")
@@ -749,7 +686,7 @@ def simulate_command(
     import tempfile
 
     from nodeagent.agent.simulated import SimulatedCluster, SimulationError
-    from nodeagent_tiering.clusterfile import ClusterFileError, load_cluster
+    from nodeagent_tiering.cluster.clusterfile import ClusterFileError, load_cluster
     from nodeagent_tiering.simulate import simulate
 
     try:

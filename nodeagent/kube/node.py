@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent import labels
 from nodeagent.config.kubernetes import KubernetesSection
+from nodeagent.kube.client import NoCredentialsError, api_client
 
 log = logging.getLogger(__name__)
 
@@ -191,28 +192,18 @@ def _taints_with(node: Any, present: bool) -> list[dict[str, Any]] | None:
 
 
 def make_api(section: KubernetesSection) -> Any:
-    """A ``CoreV1Api`` for ``section``: kubeconfig, else in-cluster, with the URL override.
+    """A ``CoreV1Api`` for ``section``, from :func:`nodeagent.kube.client.api_client`.
 
     The client's own connection retries are turned off: the reporter retries with its own
     backoff and must not block for long inside one call.
 
     Raises:
-        KubeUnavailableError: no kubeconfig and not running in a pod (names the fix).
+        KubeUnavailableError: no credentials apply (names the fix).
     """
-    cfg = client.Configuration()
-    if section.kubeconfig is not None:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(section.kubeconfig), client_configuration=cfg
-        )
-    elif section.api_server is None:
-        try:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except config.ConfigException as exc:
-            raise KubeUnavailableError(
-                f"not in a pod and no kubernetes.kubeconfig set ({exc}); set "
-                "kubernetes.kubeconfig or kubernetes.api_server"
-            ) from exc
-    if section.api_server is not None:
-        cfg.host = section.api_server
-    cfg.retries = 0
-    return client.CoreV1Api(client.ApiClient(cfg))
+    try:
+        api = api_client(server=section.api_server, kubeconfig=section.kubeconfig, retries=0)
+    except NoCredentialsError as exc:
+        raise KubeUnavailableError(
+            f"{exc}; set kubernetes.kubeconfig or kubernetes.api_server"
+        ) from exc
+    return client.CoreV1Api(api)

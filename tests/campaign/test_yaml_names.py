@@ -36,10 +36,10 @@ from nodeagent.config.quantity import MAX, QuantityError, parse_quantity
 from nodeagent.config.schema import load_agent_config
 from nodeagent.config.types import any_label_value, dns_label, dns_subdomain, label_key
 from nodeagent_mig.config import load_config, load_hooks
-from nodeagent_tiering import clusterfile
-from nodeagent_tiering.clusterfile import ClusterFileError, load_cluster, parse_cluster
-from nodeagent_tiering.policy import load_policy
-from nodeagent_tiering.quota import QuotaPolicyError, load_quota_policy
+from nodeagent_tiering.cluster import clusterfile
+from nodeagent_tiering.cluster.clusterfile import ClusterFileError, load_cluster, parse_cluster
+from nodeagent_tiering.cluster.tier_policy import load_policy
+from nodeagent_tiering.quota.policy import QuotaPolicyError, load_quota_policy
 from tests.campaign.conftest import Tally, size
 
 SECONDS = 5.0  # a refused file is refused at once; a loaded CI host gets some slack

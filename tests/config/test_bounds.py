@@ -14,7 +14,7 @@ from nodeagent.config.errors import ConfigError
 from nodeagent.config.loader import is_model, key_of, unwrap
 from nodeagent.config.reference import render_reference
 from nodeagent.config.schema import AgentConfig, load_agent_config
-from nodeagent_tiering.policy import TierPolicy
+from nodeagent_tiering.cluster.tier_policy import TierPolicy
 
 
 def load(tmp_path: Path, text: str, environ: dict[str, str] | None = None) -> AgentConfig:

@@ -16,7 +16,7 @@ from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import load_agent_config
 from nodeagent.config.yamlfile import MAX_ALIAS_VALUES, MAX_BYTES, MAX_DEPTH
 from nodeagent_mig.config import load_config, load_hooks
-from nodeagent_tiering.policy import load_policy
+from nodeagent_tiering.cluster.tier_policy import load_policy
 
 
 def _agent(path: Path) -> Any:

@@ -29,7 +29,7 @@ from nodeagent.config.schema import AgentConfig, check_gpu_indices, load_agent_c
 from nodeagent.config.yamlfile import parse_document
 from nodeagent_mig import config as migcfg
 from nodeagent_mig.config import GpuFacts, gpu_facts, parse_config, parse_hooks, resolve
-from nodeagent_tiering.policy import TierPolicy, parse_policy
+from nodeagent_tiering.cluster.tier_policy import TierPolicy, parse_policy
 
 FUZZ = settings(
     max_examples=400,

@@ -23,11 +23,11 @@ from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.controlplane import AuditedRequest, ControlPlane
 from nodeagent.testing.kube.deploy import Identities, Identity
 from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet, pod_manifest
-from nodeagent_tiering.controller import Controller
-from nodeagent_tiering.informer import NodeCache
-from nodeagent_tiering.kube import Kube, api_client
-from nodeagent_tiering.leader import LeaderElector, LeaseTiming
-from nodeagent_tiering.policy import TierPolicy, parse_policy
+from nodeagent_tiering.cluster.api import Kube, api_client
+from nodeagent_tiering.cluster.informer import NodeCache
+from nodeagent_tiering.cluster.tier_policy import TierPolicy, parse_policy
+from nodeagent_tiering.drain.controller import Controller
+from nodeagent_tiering.drain.leader import LeaderElector, LeaseTiming
 
 JSON = dict[str, Any]
 LEASE_NAMESPACE = "nodeagent"  # the service's namespace in the deploy manifests

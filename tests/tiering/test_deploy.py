@@ -18,7 +18,7 @@ from nodeagent.testing.kube.deploy import (
     render,
     wait_bound,
 )
-from nodeagent_tiering.policy import parse_policy
+from nodeagent_tiering.cluster.tier_policy import parse_policy
 from tests.deploy.tools import KUSTOMIZE_DIR, kustomize, object_key, require_module
 
 DIRECTORY = KUSTOMIZE_DIR / "tiering"

@@ -19,7 +19,7 @@ from nodeagent.sim.control import SimControl
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.processes import SimulatedAgent, TieringService
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.nodes import DRAIN_ANNOTATION, NodeView
+from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, NodeView
 from tests.tiering.conftest import LEASE_NAMESPACE, gpu_labels
 
 NODE = "dgx-1"

@@ -21,8 +21,8 @@ from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import desired_flags
 from nodeagent.kube.node import NodeFlags, NodePatcher, make_api
 from nodeagent.sim.control import SimControl
-from nodeagent_tiering.nodes import NodeView
-from nodeagent_tiering.policy import Operator, Requirement, Selector, Stability
+from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.tier_policy import Operator, Requirement, Selector, Stability
 
 # Kubernetes' rule for a label value (apimachinery validation.IsValidLabelValue).
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from nodeagent_tiering.metrics import TieringMetrics
+from nodeagent_tiering.service import ServiceMetrics
 from tests.deploy import monitoring
 
 
@@ -35,7 +35,7 @@ SHIPPED = {
         re.compile(r"\b(tier:[a-z0-9_]+:[a-z0-9_]+)"),
     ),
 }
-REGISTERED = monitoring.registered_names(TieringMetrics(CollectorRegistry()).registry)
+REGISTERED = monitoring.registered_names(ServiceMetrics(CollectorRegistry()).registry)
 
 
 @pytest.mark.parametrize("shipped", SHIPPED.values(), ids=SHIPPED.keys())

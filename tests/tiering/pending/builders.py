@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, encode
 from nodeagent.testing.kube.nodes import pod_manifest
-from nodeagent_tiering.pending import PassResult, Settings
-from nodeagent_tiering.pending import diagnose as diagnose_with
-from nodeagent_tiering.view import ClusterView, view_from_objects
+from nodeagent_tiering.cluster.view import ClusterView, view_from_objects
+from nodeagent_tiering.pending.diagnosis import diagnose as diagnose_with
+from nodeagent_tiering.pending.results import PassResult, Settings
 
 JSON = dict[str, Any]
 H100 = "dgx-h100"
@@ -215,3 +216,12 @@ class Cluster:
     def view(self) -> ClusterView:
         """The view the diagnosis reads."""
         return view_from_objects(self.nodes, self.pods, self.workloads)
+
+
+NOON = datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp()  # a fixed "now" for history tests
+
+
+def fragmented() -> Cluster:
+    """Team "busy" runs 3-GPU pods on both nodes: 5 + 5 free, a pending 8-GPU pod waits."""
+    c = Cluster().whole("a", used=[3]).whole("b", used=[3])
+    return c.pending("big", {"nvidia.com/gpu": 8}, namespace="research")

@@ -23,11 +23,12 @@ from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.clusterfile import load_cluster
-from nodeagent_tiering.kube import Kube
-from nodeagent_tiering.pending import Diagnoser, PassResult, Reason, Settings
+from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.clusterfile import load_cluster
+from nodeagent_tiering.cluster.view import view_from_objects
+from nodeagent_tiering.pending.diagnosis import Diagnoser
+from nodeagent_tiering.pending.results import PassResult, Reason, Settings
 from nodeagent_tiering.simulate import simulate
-from nodeagent_tiering.view import view_from_objects
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("cluster-*.yaml"))

@@ -13,11 +13,11 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.informer import NodeCache
-from nodeagent_tiering.kube import Kube, KubeError
-from nodeagent_tiering.metrics import TieringMetrics
-from nodeagent_tiering.pending import Settings
-from nodeagent_tiering.pending_loop import PendingLoop
+from nodeagent_tiering.cluster.api import Kube, KubeError
+from nodeagent_tiering.cluster.informer import NodeCache
+from nodeagent_tiering.pending.loop import PendingLoop
+from nodeagent_tiering.pending.metrics import PendingMetrics
+from nodeagent_tiering.pending.results import Settings
 from tests.deploy.tools import KUSTOMIZE_DIR, kustomize
 
 
@@ -86,7 +86,7 @@ def test_a_leader_pass_needs_nothing_more_than_the_shipped_rbac(
         kube,
         NodeCache(kube),
         Settings(),
-        TieringMetrics(CollectorRegistry()).pending,
+        PendingMetrics(CollectorRegistry()),
         plan_for_diagnosis,
         clock=FakeClock(),
         namespace=kube_ns,

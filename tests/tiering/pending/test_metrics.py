@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from nodeagent_tiering.metrics import PendingMetrics
+from nodeagent_tiering.pending.metrics import PendingMetrics
 from tests.tiering.pending.builders import Cluster, diagnose
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "tiering.md"

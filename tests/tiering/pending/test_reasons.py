@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent_tiering.pending import Reason, Settings
-from nodeagent_tiering.view import KUEUE_GATE
+from nodeagent_tiering.cluster.view import KUEUE_GATE
+from nodeagent_tiering.pending.results import Reason, Settings
 from tests.tiering.pending.builders import A30, Cluster, diagnose
 
 GPU = "nvidia.com/gpu"

@@ -11,7 +11,10 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import pod_manifest
-from nodeagent_tiering.history import (
+from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.informer import NodeCache
+from nodeagent_tiering.pending.events import COMPONENT, REPEAT_S, PodEvents
+from nodeagent_tiering.pending.history import (
     CONFIG_MAP,
     DATA_KEY,
     MANAGED_BY,
@@ -19,12 +22,9 @@ from nodeagent_tiering.history import (
     History,
     HistoryStore,
 )
-from nodeagent_tiering.informer import NodeCache
-from nodeagent_tiering.kube import Kube
-from nodeagent_tiering.metrics import TieringMetrics
-from nodeagent_tiering.pending import Diagnosis, Reason, Settings
-from nodeagent_tiering.pending_loop import PendingLoop
-from nodeagent_tiering.pod_events import COMPONENT, REPEAT_S, PodEvents
+from nodeagent_tiering.pending.loop import PendingLoop
+from nodeagent_tiering.pending.metrics import PendingMetrics
+from nodeagent_tiering.pending.results import Diagnosis, Reason, Settings
 
 
 def events_on(core: client.CoreV1Api, namespace: str, pod: str) -> list[Any]:
@@ -36,12 +36,12 @@ def events_on(core: client.CoreV1Api, namespace: str, pod: str) -> list[Any]:
 
 def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[PendingLoop, Any]:
     kube = Kube(plane.api_client())
-    metrics = TieringMetrics(CollectorRegistry())
+    registry = CollectorRegistry()
     loop = PendingLoop(
         kube,
         NodeCache(kube),
         Settings(),
-        metrics.pending,
+        PendingMetrics(registry),
         plan_for_diagnosis,
         clock=clock,
         namespace=namespace,
@@ -51,7 +51,7 @@ def loop_for(plane: ControlPlane, namespace: str, clock: FakeClock) -> tuple[Pen
     loop.nodes.relist()
     loop.pods.relist()
     loop.workloads.relist()
-    return loop, metrics.registry
+    return loop, registry
 
 
 def test_events_metrics_and_history_survive_a_restart(

@@ -20,9 +20,9 @@ from nodeagent import labels as lbl
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering import kueue
-from nodeagent_tiering.kube import Kube
-from nodeagent_tiering.quota import QuotaPolicy, parse_quota_policy
+from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.quota.policy import QuotaPolicy, parse_quota_policy
 
 JSON = dict[str, Any]
 

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
-from nodeagent_tiering import kueue
+from nodeagent_tiering.cluster import kueue
 from tests.tiering.quota.conftest import KueueEnv
 
 

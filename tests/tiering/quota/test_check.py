@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
-from nodeagent_tiering.nodes import DrainRecord, Phase
-from nodeagent_tiering.quota import render
-from nodeagent_tiering.quota_apply import apply_objects
+from nodeagent_tiering.cluster.nodes import DrainRecord, Phase
+from nodeagent_tiering.quota.apply import apply_objects
+from nodeagent_tiering.quota.policy import render
 from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
 
 

@@ -16,8 +16,8 @@ from nodeagent import labels as lbl
 from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.cli.tiering import app
 from nodeagent_tiering import service as tiering
-from nodeagent_tiering.policy import parse_policy
-from nodeagent_tiering.quota import parse_quota_policy
+from nodeagent_tiering.cluster.tier_policy import parse_policy
+from nodeagent_tiering.quota.policy import parse_quota_policy
 from tests.tiering.quota.conftest import KueueEnv
 
 REPO = Path(__file__).resolve().parents[3]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent_tiering.quota import render
-from nodeagent_tiering.quota_apply import apply_objects
+from nodeagent_tiering.quota.apply import apply_objects
+from nodeagent_tiering.quota.policy import render
 from tests.tiering.quota.conftest import KueueEnv, condition, quota_policy, wait_for
 
 

@@ -12,9 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
-from nodeagent_tiering import kueue
-from nodeagent_tiering.quota import QuotaPolicyError, parse_quota_policy, render
-from nodeagent_tiering.quota_apply import apply_objects
+from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.quota.apply import apply_objects
+from nodeagent_tiering.quota.policy import QuotaPolicyError, parse_quota_policy, render
 from tests.tiering.quota.conftest import quota_policy
 
 REPO = Path(__file__).resolve().parents[3]

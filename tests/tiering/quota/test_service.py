@@ -17,11 +17,11 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.cli.tiering import app
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane, bins_dir
-from nodeagent_tiering import kueue
 from nodeagent_tiering import service as tiering
-from nodeagent_tiering.policy import parse_policy
-from nodeagent_tiering.quota import render
-from nodeagent_tiering.quota_apply import apply_objects
+from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.cluster.tier_policy import parse_policy
+from nodeagent_tiering.quota.apply import apply_objects
+from nodeagent_tiering.quota.policy import render
 from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
 
 
@@ -161,7 +161,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_as_it_is(env, caplog):
     tiering.run_once(service)
     name = env.name("train")
     env.edit("resourceflavors", name, ["spec", "nodeLabels", lbl.TIER], "elsewhere")
-    with caplog.at_level(logging.WARNING, logger="nodeagent_tiering.flavors"):
+    with caplog.at_level(logging.WARNING, logger="nodeagent_tiering.quota.flavors"):
         tiering.run_once(service)
     report = service.kueue.last_report
     assert "spec.nodeLabels changed by kubectl-edit" in report.drifted[name]
@@ -171,7 +171,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_as_it_is(env, caplog):
     labels = {"flavor": name, "tier": name}
     assert registry.get_sample_value("nodeagent_tiering_kueue_flavor_drift", labels) == 1
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="nodeagent_tiering.flavors"):
+    with caplog.at_level(logging.WARNING, logger="nodeagent_tiering.quota.flavors"):
         tiering.run_once(service)
     assert not caplog.records, "the same drift is logged once"
     # The review says so too.

@@ -1,0 +1,1 @@
+"""The pool review: one build (:mod:`.build`), its reads, its sections and their rendering."""
