@@ -26,10 +26,10 @@ from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health import HealthSource
 from nodeagent.runtime.mps import MpsPaths, MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.cdi import CdiSpecs
-from nodeagent_device_plugin.health import HealthTracker
 from nodeagent_device_plugin.preferred import ScoreTable
 from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
 from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
+from nodeagent_device_plugin.withheld import HealthTracker
 
 log = logging.getLogger(__name__)
 

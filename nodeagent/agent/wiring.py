@@ -18,7 +18,14 @@ callable; nothing is filled in after construction. The build order follows the d
    exporter's capacity annotations and the GPU-state annotation on the node.
 
 Components start in the order the supervisor lists them (sampler, MIG reconciler, MIG label,
-health, device plugin, DRA driver, metrics). A feature turned off in the config is absent.
+health, device plugin, DRA driver, metrics, sharing actions). A feature turned off in the config
+is absent from that list: the features that build a :class:`~nodeagent.runtime.component.Idle`
+component for it (the sharing actions, the MIG label) are left out here, in one place.
+
+The modules beside this one are composition too, each joining features that may not import
+each other: :mod:`~nodeagent.agent.node_labels` (snapshot, device plugin sharing, applied MIG
+layout), :mod:`~nodeagent.agent.node_annotations` (snapshot, health, the exporter's pod-resources
+poll) and :mod:`~nodeagent.agent.mig_planning` (the MIG planner handed to the tiering diagnosis).
 """
 
 from __future__ import annotations
@@ -31,14 +38,14 @@ from nodeagent.agent import mig_label
 from nodeagent.agent.node_annotations import GpuStateAnnotation
 from nodeagent.agent.node_labels import CapabilityLabels
 from nodeagent.agent.sampler import Sampler
-from nodeagent.agent.sharing_actions import SharingActions
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
 from nodeagent.health.validation import GpuValidator
 from nodeagent.kube.node import KubeUnavailableError, make_api
-from nodeagent.runtime.component import Component, Reloadable
+from nodeagent.runtime.component import Component, Idle, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
+from nodeagent.sharing import component as sharing
 from nodeagent_device_plugin import component as device_plugin
 from nodeagent_dra import component as dra
 from nodeagent_exporters import component as exporters
@@ -131,10 +138,8 @@ def build(
             xids=xids,
             validator=validator,
         )
-    actions = None
-    if config.pool.sharing_actions.enabled and exporter is not None:
-        shared_now = exporter.renderer
-        actions = SharingActions(config, feed, lambda: shared_now.shared, plugin)
+    measured = exporter.renderer if exporter is not None else None
+    actions = sharing.build(config, feed, plugin, measured=measured)
     components: tuple[Component, ...] = tuple(
         c
         for c in (
@@ -147,7 +152,7 @@ def build(
             exporter,
             actions,
         )
-        if c is not None
+        if c is not None and not isinstance(c, Idle)
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
     return Wired(components, reloadables)
@@ -155,19 +160,20 @@ def build(
 
 def _mig_config_label(
     config: AgentConfig, reconciler: mig.MigReconciler | None, snapshots: SnapshotStore
-) -> tuple[mig_label.MigConfigLabel | None, SnapshotFeed]:
+) -> tuple[Component, SnapshotFeed]:
     """The `nvidia.com/mig.config` label's component, and the device plugin's snapshot feed
-    (held while a layout the label chose is applied); (None, the store) without Kubernetes or
+    (held while a layout the label chose is applied); (idle, the store) without Kubernetes or
     MIG management."""
+    idle = Idle(mig_label.MigConfigLabel.name)
     if reconciler is None or not config.kubernetes.enabled:
-        return None, snapshots
+        return idle, snapshots
     kube = config.kubernetes
     try:
         api = make_api(kube)
     except KubeUnavailableError as exc:
         mig_label.log.warning("label %s is not read: %s", mig_label.MIG_CONFIG_LABEL, exc)
         reconciler.set_override(None)
-        return None, snapshots
+        return idle, snapshots
     held = mig_label.HeldSnapshots(snapshots) if config.device_plugin.enabled else None
     component = mig_label.MigConfigLabel(
         api=api,

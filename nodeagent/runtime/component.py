@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from nodeagent.config.schema import AgentConfig
@@ -26,6 +27,24 @@ class Component(Protocol):
     def ready(self) -> bool:
         """Whether the component is up (serving, registered, sampled once)."""
         ...
+
+
+@dataclass(slots=True)
+class Idle:
+    """A feature turned off: a component with nothing to do, so its caller never checks for
+    ``None``. The composition layer leaves it out of the supervised set, so a disabled feature
+    costs no thread and shows in no component list."""
+
+    name: str
+
+    @property
+    def ready(self) -> bool:
+        """Always: there is nothing to wait for."""
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        """Return only at ``stop``: a component that ends on its own has crashed."""
+        stop.wait()
 
 
 @runtime_checkable

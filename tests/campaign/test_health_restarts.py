@@ -26,7 +26,7 @@ from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.health import ScriptedHealth
-from nodeagent_device_plugin.health import HealthTracker
+from nodeagent_device_plugin.withheld import HealthTracker
 from tests.campaign.conftest import Tally, size
 
 QUIET = 30.0

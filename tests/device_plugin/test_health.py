@@ -13,7 +13,7 @@ from nodeagent.runtime.health import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.events import pumping_events
-from nodeagent_device_plugin.health import HealthTracker
+from nodeagent_device_plugin.withheld import HealthTracker
 
 TS4 = {"mode": "time-slicing", "replicas": 4}
 

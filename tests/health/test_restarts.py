@@ -16,7 +16,7 @@ from nodeagent.health.statefile import write_status
 from nodeagent.runtime.health import HealthState
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.health import ScriptedHealth
-from nodeagent_device_plugin.health import HealthTracker
+from nodeagent_device_plugin.withheld import HealthTracker
 from tests.health.conftest import MakeRig, Rig
 
 H = HealthState

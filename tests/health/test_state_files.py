@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.atomicfile import StateFileError, read_json, write_json_atomic
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.runtime.health import HealthState
@@ -28,23 +27,6 @@ def _state_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
     assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback was logged"
-
-
-def test_a_write_to_a_full_disk_keeps_the_old_file_and_leaves_nothing_behind() -> None:
-    with small_disk() as disk:
-        target = disk.path / "state" / "intent.json"
-        write_json_atomic(target, {"generation": 1})
-        disk.fill()
-        with pytest.raises(StateFileError) as caught:
-            write_json_atomic(target, {"generation": 2, "pad": "x" * 8192})
-        assert str(caught.value) == (
-            f"cannot write {target}: the file system is full; free space on it"
-        )
-        assert read_json(target) == {"generation": 1}
-        assert disk.stray_files() == []
-        disk.free()
-        write_json_atomic(target, {"generation": 2})
-        assert read_json(target) == {"generation": 2}
 
 
 def test_a_full_disk_under_the_state_dir_is_one_line_and_the_fault_survives_a_restart(

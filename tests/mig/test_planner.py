@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from nodeagent.capacity import creatable, fragmentation_ratio, memory_slices_of, rank_order
+from nodeagent.capacity import creatable, memory_slices_of, rank_order
 from nodeagent.gpu.types import MigGeometry, Placement
 from nodeagent_mig.planner import (
     BlockedByBusyError,
@@ -201,37 +201,6 @@ def test_deterministic(geometry: MigGeometry) -> None:
     first = plan_gpu(geometry, [], desired)
     for _ in range(3):
         assert plan_gpu(geometry, [], desired) == first
-
-
-@pytest.mark.parametrize(
-    ("layout", "expected"),
-    [
-        pytest.param([], 0.0, id="empty"),
-        pytest.param([("7g.40gb", 0, 8)], 0.0, id="full"),
-        pytest.param([("4g.20gb", 0, 4)], 0.0, id="half-clean"),
-        pytest.param(
-            [("1g.5gb", 0, 1), ("1g.5gb", 2, 1), ("1g.5gb", 4, 1), ("1g.5gb", 6, 1)],
-            2 / 3,
-            id="checkerboard",
-        ),
-    ],
-)
-def test_fragmentation_ratio(a100: MigGeometry, layout, expected) -> None:
-    instances = [inst(n, s, z) for n, s, z in layout]
-    assert fragmentation_ratio(a100, instances) == pytest.approx(expected)
-
-
-def test_creatable_counts(a100: MigGeometry) -> None:
-    got = creatable(a100, [inst("3g.20gb", 4, 4)])
-    assert got == {
-        "7g.40gb": 0,
-        "4g.20gb": 1,
-        "3g.20gb": 1,
-        "2g.10gb": 2,
-        "1g.10gb": 2,
-        "1g.5gb": 4,
-        "1g.5gb+me": 1,
-    }
 
 
 def slots(*spec: tuple[str, int, int]) -> list[Instance]:

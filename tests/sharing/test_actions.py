@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from nodeagent.agent.sharing_actions import SharingActions
 from nodeagent.config.policy import SharingMode
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.snapshots import SnapshotStore
+from nodeagent.sharing.actions import SharingActions
+from nodeagent.sharing.component import build
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.workloads import CgroupReader, PodIndex, attribute, shared_devices
@@ -28,6 +31,13 @@ class Plugin:
 
     def reload(self, config: AgentConfig) -> None:
         self.configs.append(config)
+
+
+@dataclass
+class Measured:
+    """Stands in for the exporter's renderer: no GPU shared yet."""
+
+    shared: tuple[()] = ()
 
 
 def _uid(i: int) -> str:
@@ -105,3 +115,25 @@ def test_sharing_actions(
     actions.reload(config)  # SIGHUP: the file's policy wins again, the clock starts over
     actions.evaluate()
     assert len(plugin.configs) == 1
+
+
+def test_the_feature_is_idle_when_the_pool_turns_it_off_or_nothing_measures() -> None:
+    on = make_config({"pools": {"default": {"sharing_actions": {"enabled": True}}}})
+    off = make_config({})
+    plugin = Plugin()
+    measured = Measured()
+    assert isinstance(build(on, SnapshotStore(), plugin, measured=measured), SharingActions)
+    for config, source in ((off, measured), (on, None)):
+        idle = build(config, SnapshotStore(), plugin, measured=source)
+        assert isinstance(idle, Idle)
+        assert idle.name == SharingActions.name
+        assert idle.ready
+        # It runs like any component: until stop, and not a moment past it.
+        stop = threading.Event()
+        runner = threading.Thread(target=idle.run, args=(stop,))
+        runner.start()
+        runner.join(0.05)
+        assert runner.is_alive(), "an idle component returned before stop (a crash)"
+        stop.set()
+        runner.join(5)
+        assert not runner.is_alive()
