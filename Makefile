@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= .demo
 PRESET ?= dgx-h100
 
-.PHONY: demo test lint rules bench clean kube-bins cluster
+.PHONY: demo test lint rules bench clean kube-bins cluster nvidia-peers libnvml
 
 # The environment is rebuilt whenever pyproject.toml changes.
 $(BIN)/nodeagent: pyproject.toml
@@ -25,15 +25,30 @@ demo: $(BIN)/nodeagent
 
 # The real control plane the kube tests run on, built from the modules pinned in hack/kube
 # (a cold build takes about 10 minutes on 2 cores; nothing is rebuilt while the pins hold),
-# and helm from hack/helm (3-9 minutes cold), cached apart so neither rebuilds the other.
+# and helm from hack/helm (3-9 minutes cold), cached apart so neither rebuilds the other; the
+# kubelet and fakecri for the real-kubelet tests from hack/kube/node (cached apart too; a few
+# minutes after the control plane's build, 10 cold).
 kube-bins:
 	@bash hack/kube/build.sh
+	@bash hack/kube/build-node.sh
 	@bash hack/helm/build.sh
 
+# NVIDIA's device plugin and nvidia-ctk from the modules pinned in hack/nvidia (test peers
+# only, cached like helm), and the simulated libnvidia-ml.so.1 they run on (needs gcc and Go:
+# it compiles against go-nvml's nvml.h; cached by its inputs).
+nvidia-peers:
+	@bash hack/nvidia/build.sh
+
+libnvml: $(BIN)/nodeagent
+	@$(BIN)/python -m nodeagent.sim.libnvml
+
 # kube-apiserver, etcd, kube-scheduler, kube-controller-manager and Kueue on loopback, in the
-# foreground; prints the kubeconfig to export. NODES=N adds N kubelet-less 8-GPU nodes.
+# foreground; prints the kubeconfig to export. NODES=N adds N kubelet-less 8-GPU nodes;
+# KUBELETS=N adds N nodes run by a real kubelet with the agent on a simulated $(PRESET)
+# (docs/kubelet.md; needs root for the kubelet's private mount namespace).
 cluster: $(BIN)/nodeagent kube-bins
-	$(BIN)/python -m nodeagent.testing.kube --nodes $(or $(NODES),0)
+	$(BIN)/python -m nodeagent.testing.kube --nodes $(or $(NODES),0) \
+		--kubelets $(or $(KUBELETS),0) --preset $(PRESET)
 
 test: $(BIN)/nodeagent kube-bins
 	$(BIN)/python -m pytest -q

@@ -72,8 +72,16 @@ class CertificateAuthority:
         self.cert_path = directory / f"{name}.crt"
         self.cert_path.write_bytes(self.cert_pem)
 
-    def issue(self, name: str, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> CertPair:
-        """A serving (and client) certificate for ``hosts``, written as ``<name>.crt/.key``."""
+    def issue(
+        self,
+        name: str,
+        hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+        *,
+        organization: str | None = None,
+    ) -> CertPair:
+        """A serving (and client) certificate for ``hosts``, written as ``<name>.crt/.key``;
+        ``organization`` is the group the API server puts a client using it in (a kubelet's
+        ``system:nodes``)."""
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = []
         for host in hosts:
@@ -81,10 +89,13 @@ class CertificateAuthority:
                 sans.append(x509.IPAddress(ipaddress.ip_address(host)))
             except ValueError:
                 sans.append(x509.DNSName(host))
+        subject = [x509.NameAttribute(NameOID.COMMON_NAME, name)]
+        if organization is not None:
+            subject.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
         now = dt.datetime.now(dt.UTC)
         cert = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(x509.Name(subject))
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -68,6 +68,20 @@ _PR_SET_PDEATHSIG = 1
 # Where the Kueue manager reads its metrics certificate without internal cert management
 # (sigs.k8s.io/kueue cmd/kueue/main.go, v0.17.0); not configurable there.
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+# Run as `sh -c SCRIPT name SCRATCH CERTS_DIR CERT KEY PROGRAM ARGS...` inside `unshare --mount`:
+# /etc becomes an overlay whose writable layer is a tmpfs of this namespace only; then exec, so
+# the program keeps the process (and its parent-death signal).
+_KUEUE_NAMESPACE_SCRIPT = """set -eu
+scratch=$1 certs=$2 cert=$3 key=$4
+shift 4
+mount -t tmpfs tmpfs "$scratch"
+mkdir "$scratch/upper" "$scratch/work"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$scratch/upper,workdir=$scratch/work" /etc
+mkdir -p "$certs"
+cp "$cert" "$certs/tls.crt"
+cp "$key" "$certs/tls.key"
+exec "$@"
+"""
 
 
 class ControlPlaneError(RuntimeError):
@@ -127,6 +141,7 @@ class Component:
     argv: list[str]
     log_path: Path
     env: dict[str, str] | None = None
+    cwd: Path | None = None
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -141,6 +156,7 @@ class Component:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
+                cwd=self.cwd,
                 preexec_fn=_die_with_parent,
                 start_new_session=True,  # Ctrl-C in a terminal reaches the harness, not these
             )
@@ -686,7 +702,6 @@ class ControlPlane:
         pair = self.ca.issue("kueue-webhook")
         shutil.copy(pair.cert, certs / "tls.crt")
         shutil.copy(pair.key, certs / "tls.key")
-        self._install_kueue_metrics_cert()
         self.webhook_port = free_port()
         health_port, metrics_port = free_port(), free_port()
         config = {
@@ -709,7 +724,12 @@ class ControlPlane:
         env = dict(os.environ, KUBECONFIG=str(self.admin.path))
         component = Component(
             "kueue",
-            [str(self.bin / "kueue"), f"--config={config_path}", f"--kubeconfig={self.admin.path}"],
+            [
+                *self._kueue_metrics_cert(),
+                str(self.bin / "kueue"),
+                f"--config={config_path}",
+                f"--kubeconfig={self.admin.path}",
+            ],
             self.logs_dir / "kueue.log",
             env=env,
         )
@@ -719,19 +739,32 @@ class ControlPlane:
         self.apply(self._kueue_webhooks())
         self._wait(component, timeout_s, self._kueue_webhooks_answer)
 
-    def _install_kueue_metrics_cert(self) -> None:
-        """Kueue (v0.17) reads its metrics serving certificate from a fixed path when its
-        internal certificate management is off; put one from the harness CA there."""
+    def _kueue_metrics_cert(self) -> list[str]:
+        """The command prefix that starts Kueue with its metrics certificate in place.
+
+        Kueue (v0.17) reads its metrics serving certificate from a fixed path under /etc when
+        its internal certificate management is off. Kueue runs in a private mount namespace
+        whose /etc is an overlay of the machine's (on a tmpfs of that namespace): the pair from
+        the harness CA goes there, and the machine's /etc is never written, so two runs at once
+        cannot overwrite each other's pair.
+        """
+        assert self.workdir is not None
         pair = self.ca.issue("kueue-metrics")
-        try:
-            KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-            shutil.copy(pair.cert, KUEUE_METRICS_CERTS / "tls.crt")
-            shutil.copy(pair.key, KUEUE_METRICS_CERTS / "tls.key")
-        except OSError as exc:
-            raise ControlPlaneError(
-                f"Kueue needs a metrics certificate in {KUEUE_METRICS_CERTS} and it cannot be "
-                f"written ({exc}); run the tests as a user that may create it"
-            ) from None
+        scratch = self.workdir / "kueue-etc"
+        scratch.mkdir(exist_ok=True)
+        return [
+            "unshare",
+            "--mount",
+            "--propagation=private",
+            "sh",
+            "-c",
+            _KUEUE_NAMESPACE_SCRIPT,
+            "kueue-namespace",
+            str(scratch),
+            str(KUEUE_METRICS_CERTS),
+            str(pair.cert),
+            str(pair.key),
+        ]
 
     def _kueue_webhooks(self) -> list[dict[str, Any]]:
         """Kueue's webhook configurations, pointed at the manager on loopback."""

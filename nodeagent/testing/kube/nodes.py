@@ -171,8 +171,14 @@ def running_status(pod: JSON) -> JSON:
     }
 
 
+# Nodes run by a real kubelet (:mod:`.realnode`) carry this label; the stand-in leaves their
+# pods to that kubelet.
+REAL_KUBELET_LABEL = "test.nodeagent.io/kubelet"
+
+
 class KubeletStandIn:
-    """Runs bound pods and finishes their deletions, for every node (there are no kubelets).
+    """Runs bound pods and finishes their deletions, for every node without a kubelet (nodes
+    labelled :data:`REAL_KUBELET_LABEL` have their own).
 
     A watch over pods bound to a node drives it; on a watch error (an API server outage, a
     ``410 Gone``) it lists again and carries on, so it survives restarts of kube-apiserver.
@@ -189,6 +195,7 @@ class KubeletStandIn:
         self._watch: watch.Watch | None = None
         self.synced = threading.Event()
         self.grace_periods: dict[str, int] = {}
+        self._real_kubelet: dict[str, bool] = {}
 
     def start(self) -> KubeletStandIn:
         """Start the watch thread; returns self."""
@@ -237,9 +244,23 @@ class KubeletStandIn:
                 log.debug("kubelet stand-in: %s; listing again", exc)
                 self._stop.wait(0.2)
 
+    def _has_kubelet(self, node_name: str) -> bool:
+        """Whether a real kubelet runs the node (looked up once: the label is set when the
+        kubelet registers the node, before anything can be bound to it)."""
+        if node_name not in self._real_kubelet:
+            try:
+                node = self.core.read_node(node_name)
+            except ApiException:
+                return False  # deleted already, or not yet known: nothing to decide now
+            labels = (node.metadata and node.metadata.labels) or {}
+            self._real_kubelet[node_name] = REAL_KUBELET_LABEL in labels
+        return self._real_kubelet[node_name]
+
     def _handle(self, pod: JSON) -> None:
         meta = pod.get("metadata", {})
         name, namespace = meta.get("name"), meta.get("namespace")
+        if self._has_kubelet(str(pod.get("spec", {}).get("nodeName"))):
+            return
         try:
             if meta.get("deletionTimestamp"):
                 self.grace_periods.setdefault(

@@ -15,6 +15,11 @@
   kubeconfig for the agent's and the tiering service's account.
 - ``kube_nodes``: a :class:`NodeSet` for the test (nodes named after its namespace, deleted
   afterwards).
+- ``real_node``: a node run by a real kubelet with nodeagent on it
+  (:class:`~nodeagent.testing.kube.realnode.RealNode`), shared by the session; a test using it
+  that fails keeps the kubelet's, the runtime's and the agent's logs. ``host_snapshot``: what
+  the machine looked like before that node started (``/bin``, the kernel settings the kubelet
+  guards, the checkout, ``/etc/kueue``), to compare after.
 
 Every test that uses ``control_plane`` is marked ``kube`` (``pytest -m kube`` runs them). When
 such a test fails, the components' logs are copied next to the test's temporary directory and
@@ -35,6 +40,12 @@ import pytest
 from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError, bins_dir
 from nodeagent.testing.kube.deploy import Identities, install_identities
 from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet
+from nodeagent.testing.kube.realnode import (
+    KERNEL_DEFAULTS,
+    RealNode,
+    can_make_namespaces,
+    node_bins_dir,
+)
 
 # The DRA gates the DRA driver's tests need on kube-apiserver and kube-scheduler.
 DRA_FEATURE_GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
@@ -71,14 +82,90 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
 
 
+def _missing(reason: str) -> None:
+    """Skip naming what is missing; fail instead with ``CI=true``."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
 def _bins() -> Path:
     """The programs, or a skip naming ``make kube-bins`` (a failure with ``CI=true``)."""
     try:
         return bins_dir()
     except ControlPlaneError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+        _missing(str(exc))
+        raise  # unreachable: _missing raises
+
+
+_REPO = Path(__file__).resolve().parents[3]
+
+
+def snapshot_host() -> dict[str, Any]:
+    """What a real kubelet must leave as it is: the names in ``/bin`` (a kubelet run from ``/``
+    deleted it), the kernel settings it guards, the checkout's top-level names and whether
+    ``/etc/kueue`` exists (Kueue's metrics certificate once went there)."""
+    sysctl: dict[str, str | None] = {}
+    for entry in KERNEL_DEFAULTS:
+        try:
+            sysctl[entry] = (Path("/proc/sys") / entry).read_text().strip()
+        except OSError:
+            sysctl[entry] = None
+    return {
+        "/bin": sorted(p.name for p in Path("/bin").iterdir()),
+        "/proc/sys": sysctl,
+        "checkout": sorted(p.name for p in _REPO.iterdir()),
+        "/etc/kueue": Path("/etc/kueue").exists(),
+    }
+
+
+@pytest.fixture(scope="session")
+def host_snapshot() -> dict[str, Any]:
+    """The machine before any real kubelet of the session started."""
+    return snapshot_host()
+
+
+@pytest.fixture(scope="session")
+def _real_node_session(
+    control_plane: ControlPlane,
+    kube_identities: Identities,
+    host_snapshot: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RealNode]:
+    try:
+        bins = node_bins_dir()
+    except ControlPlaneError as exc:
+        _missing(str(exc))
+        raise
+    why = can_make_namespaces()
+    if why is not None:
+        _missing(f"a real kubelet needs a private mount namespace: {why}")
+    node = RealNode(
+        control_plane,
+        "real-node-0",
+        agent_kubeconfig=kube_identities.agent.kubeconfig,
+        bins=bins,
+        # A recovered GPU comes back after a second, not after the production hold times.
+        agent_config={
+            "device_plugin": {"health_recovery_quiet_s": 1.0},
+            "health": {"recovery_quiet_s": 1.0, "fatal_hold_s": 1.0},
+        },
+    )
+    with node:
+        yield node
+
+
+@pytest.fixture
+def real_node(
+    _real_node_session: RealNode, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[RealNode]:
+    """The session's real-kubelet node; its logs are kept when the test fails."""
+    request.node.add_marker(pytest.mark.kubelet)
+    yield _real_node_session
+    reports = request.node.stash.get(_REPORTS, {})
+    if any(r.failed for r in reports.values()):
+        kept = _real_node_session.keep_logs(tmp_path / "real-node-logs")
+        request.config.stash[_KEPT_LOGS].append(f"{request.node.nodeid}: {kept}")
 
 
 @pytest.fixture(scope="session")
