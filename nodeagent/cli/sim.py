@@ -56,6 +56,20 @@ def _sim_refusal_fails() -> Iterator[None]:
         fail(str(exc), exc.hint)
 
 
+@contextmanager
+def _driver_refusal_fails() -> Iterator[None]:
+    """Exit 2 with one line when the simulated driver cannot be built or entered."""
+    from nodeagent.sim.libnvml.builder import BuildError  # the C library's tooling, on demand
+    from nodeagent.sim.libnvml.node import NodeError
+
+    try:
+        yield
+    except BuildError as exc:
+        fail(f"cannot build the simulated libnvidia-ml.so.1: {exc}", "see docs/simulator.md")
+    except NodeError as exc:
+        fail(str(exc), "see docs/simulator.md")
+
+
 def _control(simulate: str | None, state_dir: Path | None) -> SimControl:
     return SimControl(state_dir or default_state_dir(), preset=simulate)
 
@@ -240,13 +254,24 @@ def exec_cmd(
             show_default=False,
         ),
     ] = None,
+    driver: Annotated[
+        bool,
+        typer.Option(
+            "--driver",
+            help="Also give the program a simulated driver: libnvidia-ml.so.1 (for C, Go and "
+            "Rust NVML clients), device nodes and the MIG /proc files, in a private mount "
+            "namespace (needs root).",
+        ),
+    ] = False,
     simulate: SimulateOption = None,
     state_dir: StateDirOption = None,
 ) -> None:
     """Run a program with the simulated NVML standing in for its `pynvml` module.
 
     The program sees the same simulated node as every other command on this state directory,
-    e.g. `nodeagent sim exec --simulate dgx-h100 -- gpustat --json`.
+    e.g. `nodeagent sim exec --simulate dgx-h100 -- gpustat --json`. With `--driver` any NVML
+    program runs on it: `nodeagent sim exec --driver -- sh -c 'nvidia-ctk cdi generate
+    --driver-root "$NODEAGENT_SIM_DRIVER_ROOT"'`.
     """
     if not command:
         fail("no command to run", "name it after `--`, e.g. nodeagent sim exec -- gpustat --json")
@@ -271,5 +296,35 @@ def exec_cmd(
     )
     sys.stdout.flush()
     sys.stderr.flush()
+    if driver:
+        from nodeagent.sim.libnvml import node as libnvml_node
+
+        with _driver_refusal_fails():
+            raise typer.Exit(
+                libnvml_node.run([program, *command[1:]], control.store.state_dir.resolve(), env)
+            )
     # Replaced, not spawned: the program gets the terminal, the signals and the exit status.
     os.execve(program, [program, *command[1:]], env)  # noqa: S606 - a program the user named
+
+
+@app.command("driver-root")
+def driver_root_cmd(
+    directory: Annotated[
+        Path, typer.Argument(help="Where to write the driver root.", show_default=False)
+    ],
+    simulate: SimulateOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Write the simulated node's driver root: NVML and CUDA libraries, device nodes, /proc files.
+
+    Point NVIDIA's tools at it (`nvidia-ctk cdi generate --driver-root DIR`). Device nodes need
+    root; the MIG files describe the node as it is now.
+    """
+    control = _run_or_fail(simulate, state_dir)
+    with _sim_refusal_fails():
+        control.state()
+    from nodeagent.sim.libnvml import node as libnvml_node
+
+    with _driver_refusal_fails():
+        libnvml_node.driver_root(directory, control.store.state_dir)
+    sys.stdout.write(f"{directory}\n")

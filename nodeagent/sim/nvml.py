@@ -61,7 +61,7 @@ SUPPORTED_EVENTS = (
 )
 
 # Error strings the driver's nvmlErrorString gives for codes pynvml has no text for.
-_ERROR_STRINGS = {
+ERROR_STRINGS = {
     pynvml.NVML_ERROR_IN_USE: "In use by another client",
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient resources",
     pynvml.NVML_ERROR_NO_DATA: "No data",
@@ -218,7 +218,7 @@ class SimNvml:
         # this process, as the driver keeps them in the caller's address space.
         self._gpm_samples: dict[int, gpm.Sample | None] = {}
         self._next_gpm_sample = 1
-        for code, text in _ERROR_STRINGS.items():
+        for code, text in ERROR_STRINGS.items():
             pynvml.NVMLError._errcode_to_string.setdefault(code, text)
 
     # --- the pynvml namespace ---------------------------------------------------------------
