@@ -131,3 +131,36 @@ def test_the_harness_imports_with_its_extra_alone() -> None:
     with_testing = base | _closure(extras["testing"])
     failed = _imports_refusing(_modules(_closure(extras["dev"]) - with_testing))
     assert failed == DEV_TOOLS
+
+
+MAKE_CLUSTER = r"""
+import importlib.abc, runpy, sys
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "cryptography":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["make cluster"]
+runpy.run_module("nodeagent.testing.kube", run_name="__main__")
+"""
+
+
+def test_make_cluster_without_the_testing_extra_says_how_to_install_it() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", MAKE_CLUSTER],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # one line, no traceback
+    assert "'cryptography'" in lines[0]
+    assert "pip install 'nodeagent[testing]'" in lines[0]

@@ -18,10 +18,17 @@ import sys
 import threading
 from pathlib import Path
 
-from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError
-from nodeagent.testing.kube.deploy import install_identities
-from nodeagent.testing.kube.nodes import KubeletStandIn, create_node
-from nodeagent.testing.kube.realnode import RealNode, can_make_namespaces, node_bins_dir
+try:
+    from nodeagent.testing.kube.controlplane import ControlPlane, ControlPlaneError
+    from nodeagent.testing.kube.deploy import install_identities
+    from nodeagent.testing.kube.nodes import KubeletStandIn, create_node
+    from nodeagent.testing.kube.realnode import RealNode, can_make_namespaces, node_bins_dir
+except ModuleNotFoundError as missing:  # the harness's packages come with the 'testing' extra
+    sys.stderr.write(
+        f"make cluster: the test harness needs {missing.name!r}, which a plain install lacks; "
+        "install it with: pip install 'nodeagent[testing]'\n"
+    )
+    sys.exit(2)
 
 # The agent on a `make cluster` real-kubelet node: each MIG profile its own resource, so after
 # `nodeagent mig apply` a pod can ask for nvidia.com/mig-3g.40gb (docs/kubelet.md).
