@@ -85,28 +85,71 @@ class DevicePluginComponent:
             self.snapshots.wait_newer(generation, 0.2)
         return None
 
+    def _refuse_until_changed(
+        self, reason: ResourceError, snapshot: NodeSnapshot, stop: threading.Event
+    ) -> NodeSnapshot | None:
+        """Say once why the plugin cannot serve this node, then wait for something to change.
+
+        A MIG layout the strategy cannot express (``single`` on GPUs in different MIG modes or
+        profiles) stays wrong until an operator changes the layout or the strategy, so retrying
+        it with backoff only repeats the same error. The next snapshot with another device
+        layout, or a reloaded config, is worth another try; ``None`` once ``stop`` is set.
+        """
+        fix = "it starts once the MIG layout or device_plugin.mig_strategy changes"
+        if self.config.device_plugin.fail_on_init_error:
+            log.error("device plugin refuses to start: %s; %s", reason, fix)
+        else:
+            log.warning("device plugin idle (fail_on_init_error: false): %s; %s", reason, fix)
+        layout = device_layout(snapshot)
+        generation = self.snapshots.generation
+        while not stop.is_set():
+            with self._lock:
+                pending, self._pending_config = self._pending_config, None
+            if pending is not None:
+                self.config = pending
+                return self.snapshots.latest or snapshot
+            latest = self.snapshots.wait_newer(generation, POLL_S)
+            if latest is None:
+                continue
+            generation = self.snapshots.generation
+            if device_layout(latest) != layout:
+                return latest
+        return None
+
+    def _start(
+        self, snapshot: NodeSnapshot, stop: threading.Event
+    ) -> tuple[PluginManager, NodeSnapshot] | None:
+        """A serving manager and the snapshot it serves, once the node's layout suits the
+        strategy; ``None`` on ``stop``."""
+        current: NodeSnapshot | None = snapshot
+        while current is not None:
+            config = self.config
+            manager = PluginManager(
+                self.directory,
+                config.device_plugin,
+                config.pool,
+                self.health,
+                state_file=config.state_dir / STATE_FILE,
+            )
+            try:
+                manager.start(current)
+            except ResourceError as exc:
+                manager.shutdown()
+                current = self._refuse_until_changed(exc, current, stop)
+                continue
+            return manager, current
+        return None
+
     def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop``; a MIG-strategy violation crashes when fail_on_init_error."""
-        snapshot = self._first_snapshot(stop)
-        if snapshot is None:
+        """Serve until ``stop``; a layout the MIG strategy cannot serve waits for a change."""
+        first = self._first_snapshot(stop)
+        if first is None:
             return
+        started = self._start(first, stop)
+        if started is None:
+            return
+        manager, snapshot = started
         config = self.config
-        manager = PluginManager(
-            self.directory,
-            config.device_plugin,
-            config.pool,
-            self.health,
-            state_file=config.state_dir / STATE_FILE,
-        )
-        try:
-            manager.start(snapshot)
-        except ResourceError as exc:
-            manager.shutdown()
-            if config.device_plugin.fail_on_init_error:
-                raise
-            log.error("device plugin idle: %s", exc)
-            stop.wait()
-            return
         self.manager = manager
         layout = device_layout(snapshot)
         generation = -1  # compare once at the first tick: a snapshot may have come meanwhile

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import pytest
 
@@ -10,7 +12,6 @@ from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent.testing.nodes import enable_mig
 from nodeagent_device_plugin.component import build
-from nodeagent_device_plugin.resources import ResourceError
 from tests.device_plugin.conftest import make_config
 
 
@@ -58,15 +59,59 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
     assert list((short_dir / "kubelet").glob("nodeagent-*.sock")) == []
 
 
-def test_strategy_violation_crashes_when_fail_on_init_error(make_node, short_dir) -> None:
+@pytest.mark.parametrize("fail_on_init_error", [True, False])
+def test_a_layout_single_cannot_serve_is_said_once_and_served_once_fixed(
+    make_node, short_dir, caplog, fail_on_init_error
+) -> None:
     node = make_node("a30x4")
-    enable_mig(node, {0: ["4g.24gb"]})
+    enable_mig(node, {0: ["4g.24gb"]})  # GPU 0 in MIG mode, the others not: `single` refuses
+    kubelet_dir = str(short_dir / "kubelet")
     config = make_config(
-        {"device_plugin": {"mig_strategy": "single", "kubelet_dir": str(short_dir / "kubelet")}}
+        {
+            "device_plugin": {
+                "mig_strategy": "single",
+                "kubelet_dir": kubelet_dir,
+                "fail_on_init_error": fail_on_init_error,
+            }
+        }
     )
     snapshots = SnapshotStore()
     snapshots.publish(node.snapshot())
     component = build(config, snapshots, None)
     assert component is not None
-    with pytest.raises(ResourceError, match="same MIG mode"):
-        component.run(threading.Event())
+    kubelet = TestKubelet(short_dir / "kubelet")
+    kubelet.start()
+    stop = threading.Event()
+    crashed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            component.run(stop)
+        except Exception as exc:  # noqa: BLE001 - the supervisor would restart it, a traceback each time
+            crashed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    caplog.set_level(logging.WARNING, logger="nodeagent_device_plugin.component")
+    thread.start()
+    try:
+        assert kubelet.wait(lambda: bool(caplog.records))
+        for _ in range(5):  # the same layout again is not another try, nor another line
+            snapshots.publish(node.snapshot())
+        time.sleep(0.3)
+        assert crashed == []
+        assert thread.is_alive()
+        assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+        line = caplog.records[0].getMessage()
+        assert "same MIG mode" in line
+        assert "mig_strategy" in line  # says what to change
+        assert ("refuses to start" in line) is fail_on_init_error
+        assert component.advertised() == {}
+
+        enable_mig(node, {1: ["4g.24gb"], 2: ["4g.24gb"], 3: ["4g.24gb"]})  # now one profile
+        snapshots.publish(node.snapshot())
+        kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 4)
+        assert crashed == []
+    finally:
+        stop.set()
+        thread.join(5)
+        kubelet.stop()

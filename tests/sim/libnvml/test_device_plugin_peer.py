@@ -10,6 +10,7 @@ private namespace. Needs root and ``make nvidia-peers``; with ``CI=true`` their 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -24,7 +25,6 @@ from nodeagent.config.schema import load_agent_config
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent_device_plugin.component import build
-from nodeagent_device_plugin.resources import ResourceError
 
 REPO = Path(__file__).resolve().parents[3]
 NODEAGENT = Path(sys.executable).parent / "nodeagent"
@@ -107,24 +107,32 @@ def _nodeagents(state: Path, preset: str, strategy: str, directory: Path) -> Adv
     kubelet = TestKubelet(directory)
     kubelet.start()
     stop = threading.Event()
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            component.run(stop)
-        except ResourceError as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
+    refusals = _Refusals()
+    component_log = logging.getLogger("nodeagent_device_plugin.component")
+    component_log.addHandler(refusals)
+    thread = threading.Thread(target=component.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        kubelet.wait(lambda: bool(kubelet.plugins) or bool(failed), 15)
-        return REFUSED if failed else _settled(kubelet, 10)
+        kubelet.wait(lambda: bool(kubelet.plugins) or bool(refusals.lines), 15)
+        return REFUSED if refusals.lines else _settled(kubelet, 10)
     finally:
         stop.set()
         thread.join(10)
+        component_log.removeHandler(refusals)
         kubelet.stop()
         node.close()
+
+
+class _Refusals(logging.Handler):
+    """The component's "refuses to start" lines: it says so once and waits for a new layout."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "refuses to start" in record.getMessage():
+            self.lines.append(record.getMessage())
 
 
 @pytest.mark.parametrize(
