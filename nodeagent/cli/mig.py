@@ -415,7 +415,10 @@ def _plan(
         emit_json(data)
     else:
         _print_report(report, _slices(node, report.gpus), before)
-    raise typer.Exit(EXIT_OK if all(not g.errors for g in report.gpus) else EXIT_DRIFT)
+    failing = any(g.errors for g in report.gpus)
+    if failing:
+        _say_why(report, partial=False)
+    raise typer.Exit(EXIT_DRIFT if failing else EXIT_OK)
 
 
 def _before(node: GpuNode, indices: list[int]) -> dict[int, list[MigSlot]]:
@@ -543,7 +546,52 @@ def apply(
         if report.resumed_from:
             sys.stdout.write(f"note: resumed an interrupted apply of {report.resumed_from!r}\n")
         _print_report(report, _slices(node, report.gpus), before)
+    if not report.ok:
+        # The report went to stdout (or JSON); a caller that keeps only stderr (the boot unit's
+        # journal, a test harness) must still learn why the apply did not hold.
+        _say_why(report, partial=partial)
     raise typer.Exit(EXIT_OK if report.ok else EXIT_DRIFT)
+
+
+def why_not_applied(report: ApplyReport, *, partial: bool) -> str:
+    """One line: why the node does not hold the layout after ``report``, and what to do.
+
+    The root cause comes first: a blocked GPU holds the others back, so it is named before
+    them; a node-wide problem (a failing hook) is named when no GPU says more.
+    """
+    from nodeagent_mig.apply import BLOCKED_BUSY, FAILED, LOST, RESET_REQUIRED
+
+    rank = {BLOCKED_BUSY: 0, LOST: 1, FAILED: 2, RESET_REQUIRED: 3}
+    bad = sorted((g for g in report.gpus if g.outcome in rank), key=lambda g: rank[g.outcome])
+    what = "would not apply" if report.dry_run else "did not apply"
+    head = f"mig apply {what} layout {report.config!r}"
+    if not bad:
+        cause = report.errors[0] if report.errors else "the GPUs do not hold it"
+        return f"{head}: {cause}; fix the cause (a hook's output is in the report) and run it again"
+    first = bad[0]
+    more = f" (and {len(bad) - 1} more GPU(s), see the report)" if len(bad) > 1 else ""
+    cause = f"{head}: {first.summary()}{more}"
+    if first.outcome == BLOCKED_BUSY:
+        done = "the other GPUs were applied" if partial else "nothing was changed"
+        others = "" if partial else "--partial to apply the other GPUs or "
+        fix = (
+            f"{done}; wait for the workload holding the instance to end, or pass {others}"
+            "--force to destroy it (a DRA claim is then marked failed)"
+        )
+    elif first.outcome == LOST:
+        fix = "the GPU does not answer: check it (nvidia-smi, XID 79) and reset or replace it"
+    elif first.outcome == RESET_REQUIRED:
+        fix = "pass --allow-reset to reset idle GPUs, or reboot the node, then run it again"
+    else:
+        fix = "see `nodeagent mig show` for what each GPU holds now, fix the cause, run it again"
+    if report.dry_run:
+        fix = "nothing was changed (a plan); " + fix.removeprefix("nothing was changed; ")
+    return f"{cause}; {fix}"
+
+
+def _say_why(report: ApplyReport, *, partial: bool) -> None:
+    """Write :func:`why_not_applied` on stderr as one ``error:`` line."""
+    sys.stderr.write(f"error: {why_not_applied(report, partial=partial)}\n")
 
 
 def _apply_locked(

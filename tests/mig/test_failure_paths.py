@@ -59,6 +59,7 @@ def balanced(tmp_path: Path) -> tuple[GpuNode, Path]:
         pytest.param(["plan", "-c", "all-1g", "--json"], id="plan-json"),
         pytest.param(["assert", "-c", "all-balanced"], id="assert"),
         pytest.param(["export"], id="export"),
+        pytest.param(["apply", "-c", "all-balanced", "--yes"], id="apply"),
     ],
 )
 def test_a_lost_gpu_is_shown_as_lost_and_the_others_still_work(
@@ -90,6 +91,12 @@ def test_a_lost_gpu_is_shown_as_lost_and_the_others_still_work(
         assert [g["index"] for g in lost] == [3]
         return
     assert "LOST" in out or "lost" in out
+    if command[0] == "apply":
+        # The report is on stdout; stderr names the cause in one line all the same.
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: mig apply did not apply layout 'all-balanced': GPU 3: lost")
+        assert "check it" in line
+        return
     if command[0] == "assert":
         assert "GPUs 0,1,2,4,5,6,7 hold it" in out
         return

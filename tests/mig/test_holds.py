@@ -375,3 +375,54 @@ def test_every_published_mig_device_name_reads_back_as_its_instance(node: GpuNod
             assert Holds(tuple(_claim_devices(elsewhere))).of_instance(gi) == ()
         finally:
             node.destroy_gpu_instance(0, gi.instance_id)
+
+
+@pytest.mark.parametrize("output", [[], ["--json"]], ids=["text", "json"])
+def test_a_blocked_apply_says_why_on_stderr_in_one_line(
+    node: GpuNode, driver: Driver, sim_state_dir: Path, output: list[str]
+) -> None:
+    # The real-kubelet case: a DRA claim still holds its instance (its namespace being
+    # deleted) when the boot unit applies all-enabled. The report goes to stdout; a caller
+    # that keeps only stderr must still learn the cause and the way out.
+    prepare(driver, "train")
+
+    result = mig_apply(sim_state_dir, "-c", "all-enabled", "--yes", "--allow-reset", *output)
+
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: mig apply did not apply layout 'all-enabled': GPU 7: "), line
+    assert "blocked-busy" in line
+    assert "held by DRA claim team-a/train" in line
+    assert "nothing was changed" in line
+    assert "--partial" in line
+    assert "--force" in line
+    if output:
+        assert json.loads(result.stdout)["ok"] is False  # stdout stays pure JSON
+
+
+def test_a_partial_apply_blocked_on_one_gpu_says_the_others_were_applied(
+    node: GpuNode, driver: Driver, sim_state_dir: Path
+) -> None:
+    prepare(driver, "train")
+
+    result = mig_apply(sim_state_dir, "-c", "all-1g.10gb", "--yes", "--partial")
+
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert "GPU 7: blocked-busy" in line
+    assert "the other GPUs were applied" in line
+    assert "--partial" not in line
+    assert layout(node, 0) != []  # the other GPUs were indeed applied
+
+
+def test_a_blocked_dry_run_says_why_on_stderr(
+    node: GpuNode, driver: Driver, sim_state_dir: Path
+) -> None:
+    prepare(driver, "train")
+
+    result = mig_apply(sim_state_dir, "-c", "all-enabled", "--dry-run")
+
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: mig apply would not apply layout 'all-enabled': GPU 7: ")
+    assert "nothing was changed (a plan)" in line
