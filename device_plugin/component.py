@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.health import HealthSource
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_device_plugin.manager import POLL_S, PluginManager
@@ -183,10 +184,11 @@ class DevicePluginComponent:
 
 def build(
     config: AgentConfig, snapshots: SnapshotFeed, health: HealthSource | None
-) -> DevicePluginComponent | None:
-    """The device plugin component, or None when ``device_plugin.enabled`` is false."""
+) -> DevicePluginComponent | Idle:
+    """The device plugin component, or an idle one when ``device_plugin.enabled`` is false (no
+    socket, nothing advertised; the agent leaves it unsupervised)."""
     section = config.device_plugin
     if not section.enabled:
-        return None
+        return Idle(NAME)
     # gRPC reads ``unix://relative/path`` as a host name: sockets need an absolute path.
     return DevicePluginComponent(config, section.kubelet_dir.absolute(), snapshots, health)

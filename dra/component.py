@@ -26,6 +26,7 @@ from nodeagent.holds import HoldSources
 from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
 from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.health import HealthSource, NodeHealthSource
 from nodeagent.runtime.lock import ProcessLock
 from nodeagent.runtime.snapshots import SnapshotFeed
@@ -278,10 +279,11 @@ def build(
     health: HealthSource | None,
     *,
     mig_lock_file: Path,
-) -> DraComponent | None:
-    """The DRA component, or None when ``dra.enabled`` is false."""
+) -> DraComponent | Idle:
+    """The DRA component, or an idle one when ``dra.enabled`` is false (no socket, no slices;
+    the agent leaves it unsupervised)."""
     if not config.dra.enabled:
-        return None
+        return Idle(NAME)
     api_client = None
     if config.kubernetes.enabled:
         try:

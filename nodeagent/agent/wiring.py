@@ -20,7 +20,8 @@ callable; nothing is filled in after construction. The build order follows the d
 Components start in the order the supervisor lists them (sampler, MIG reconciler, MIG label,
 health, device plugin, DRA driver, metrics, sharing actions). A feature turned off in the config
 is absent from that list: the features that build a :class:`~nodeagent.runtime.component.Idle`
-component for it (the sharing actions, the MIG label) are left out here, in one place.
+component for it (the device plugin, the DRA driver, the sharing actions, the MIG label) are left
+out here, in one place.
 
 The modules beside this one are composition too, each joining features that may not import
 each other: :mod:`~nodeagent.agent.node_labels` (snapshot, device plugin sharing, applied MIG
@@ -103,7 +104,8 @@ def build(
         config,
         feed,
         health=model,
-        devices=plugin,
+        # None tells the exporter the agent runs no plugin: it then exports no plugin series.
+        devices=plugin if isinstance(plugin, device_plugin.DevicePluginComponent) else None,
         restarts=restarts,
         ready_check=ready,
         live_check=alive,
@@ -139,7 +141,8 @@ def build(
             validator=validator,
         )
     measured = exporter.renderer if exporter is not None else None
-    actions = sharing.build(config, feed, plugin, measured=measured)
+    reloading = plugin if isinstance(plugin, Reloadable) else None
+    actions = sharing.build(config, feed, reloading, measured=measured)
     components: tuple[Component, ...] = tuple(
         c
         for c in (

@@ -57,3 +57,25 @@ def test_the_sharing_actions_run_only_when_the_pool_asks_and_interference_is_mea
     # Without Kubernetes the MIG label is not read: its idle component is left out too.
     assert "mig-config-label" not in names
     assert names[0] == "sampler"
+
+
+def test_a_disabled_device_plugin_and_dra_driver_get_no_thread_and_no_socket(
+    make_node: Callable[..., GpuNode], tmp_path: Path
+) -> None:
+    (tmp_path / "kubelet").mkdir()
+    on = _names(make_node("dgx-h100"), tmp_path / "on", {})
+    assert "device-plugin" in on
+    off = {"device_plugin": {"enabled": False, "kubelet_dir": str(tmp_path / "kubelet")}}
+    dra = {
+        "enabled": False,
+        "registry_dir": str(tmp_path / "reg"),
+        "plugin_dir": str(tmp_path / "p"),
+    }
+    names = _names(make_node("dgx-h100"), tmp_path, {**off, **ACTIONS_ON, "dra": dra})
+    assert "device-plugin" not in names
+    assert "dra" not in names
+    # The sharing actions still run without a plugin to reload (they record what they would do).
+    assert SharingActions.name in names
+    assert list((tmp_path / "kubelet").iterdir()) == []
+    assert not (tmp_path / "reg").exists()
+    assert not (tmp_path / "p").exists()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kubelet import TestKubelet
 from nodeagent.testing.nodes import enable_mig
@@ -15,8 +16,17 @@ from nodeagent_device_plugin.component import build
 from tests.device_plugin.conftest import make_config
 
 
-def test_disabled_in_config_builds_nothing() -> None:
-    assert build(make_config({"device_plugin": {"enabled": False}}), SnapshotStore(), None) is None
+def test_disabled_in_config_builds_an_idle_component(short_dir) -> None:
+    kubelet_dir = short_dir / "kubelet"
+    kubelet_dir.mkdir()
+    config = {"device_plugin": {"enabled": False, "kubelet_dir": str(kubelet_dir)}}
+    component = build(make_config(config), SnapshotStore(), None)
+    assert isinstance(component, Idle)
+    assert component.name == "device-plugin"
+    stop = threading.Event()
+    stop.set()
+    component.run(stop)  # returns at once: nothing to serve
+    assert list(kubelet_dir.iterdir()) == []  # no socket, no registration
 
 
 def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_dir) -> None:
