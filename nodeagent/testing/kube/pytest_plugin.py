@@ -125,13 +125,14 @@ def host_snapshot() -> dict[str, Any]:
     return snapshot_host()
 
 
-@pytest.fixture(scope="session")
-def _real_node_session(
+def real_node_fixture(
     control_plane: ControlPlane,
     kube_identities: Identities,
     host_snapshot: dict[str, Any],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RealNode]:
+    """A real-kubelet node with nodeagent on it, on the control plane; stopped and its Node
+    deleted on exit. Registered as a fixture below, and by tests/real_kubelet/ for its package."""
     try:
         bins = node_bins_dir()
     except ControlPlaneError as exc:
@@ -153,6 +154,11 @@ def _real_node_session(
     )
     with node:
         yield node
+
+
+# The whole session's by default. tests/real_kubelet/ narrows it to its own package, so the node
+# (its kubelet, its agent and its Node object) is gone before other packages' tests list nodes.
+_real_node_session = pytest.fixture(scope="session", name="_real_node_session")(real_node_fixture)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ also dies with the process that started it) and :meth:`RealNode.keep_logs` copie
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -46,8 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import urllib3
 import yaml
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2 as deviceplugin_pb2
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as deviceplugin_grpc
@@ -377,6 +380,11 @@ class RealNode:
             self.agent.stop()
         self.kubelet.stop()
         self.fakecri.stop()
+        # A stopped kubelet leaves its Node behind, NotReady: other tests on the same control
+        # plane would count it among their nodes. Best effort: when the API server is already
+        # gone there is nothing to clean, and what is still running must be stopped regardless.
+        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
+            self.core.delete_node(self.name, _request_timeout=10)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
