@@ -32,29 +32,6 @@ REFUSED = "refused"
 Advertised = dict[str, int] | str  # resource -> device count, or REFUSED
 
 
-@pytest.fixture(scope="module")
-def device_plugin() -> Path:
-    found = (
-        Path(
-            subprocess.run(
-                ["bash", str(REPO / "hack/nvidia/build.sh"), "--dir"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-        )
-        / "bin"
-        / "nvidia-device-plugin"
-    )
-    if not found.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("nvidia-device-plugin is missing in CI: .ci/run runs make nvidia-peers")
-        pytest.skip("nvidia-device-plugin is not built: make nvidia-peers")
-    if os.geteuid() != 0:
-        pytest.skip("a simulated driver needs root (private mount namespace, mknod)")
-    return found
-
-
 def _settled(kubelet: TestKubelet, timeout_s: float) -> dict[str, int]:
     """Resource -> device count once every registered plugin has listed its devices."""
     kubelet.wait(

@@ -61,29 +61,6 @@ print(json.dumps(CdiWriter(Path("."), "nvidia.com").spec("node", devices)))
 """
 
 
-@pytest.fixture(scope="module")
-def nvidia_ctk() -> Path:
-    found = (
-        Path(
-            subprocess.run(
-                ["bash", str(REPO / "hack/nvidia/build.sh"), "--dir"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-        )
-        / "bin"
-        / "nvidia-ctk"
-    )
-    if not found.is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail("nvidia-ctk is missing in CI: .ci/run runs `make nvidia-peers`")
-        pytest.skip("nvidia-ctk is not built: make nvidia-peers")
-    if os.geteuid() != 0:
-        pytest.skip("a simulated driver needs root (private mount namespace, mknod)")
-    return found
-
-
 def _nodes(edits: dict[str, Any]) -> set[str]:
     return {n["path"] for n in edits.get("deviceNodes", [])}
 
