@@ -163,6 +163,25 @@ def _instance_count(sim: SimNvml, device: Any, profile_id: int) -> int:
     return int(sim.nvmlDeviceGetGpuInstanceProfileInfoById(device, profile_id).instanceCount)
 
 
+def _copy_profile(out: int, info: Any, v2: int, v3: int, v3_struct: type[ctypes.Structure]) -> None:
+    """Write a v2 profile info in the struct version the caller set in ``out``'s first field.
+
+    The simulator answers v2; a v3 caller gets the same fields in the v3 layout (its name and
+    capabilities extra), any other version NVML's ARGUMENT_VERSION_MISMATCH.
+    """
+    version = int(_at(out, ctypes.c_uint).value)
+    if version == v2:
+        _copy(out, info)
+    elif version == v3:
+        converted = v3_struct(version=version)
+        for field in _fields(v3_struct):
+            if field not in ("version", "capabilities"):
+                setattr(converted, field, getattr(info, field))
+        _copy(out, converted)
+    else:
+        raise _err(_VERSION_MISMATCH)
+
+
 def handlers(sim: SimNvml) -> dict[str, Handler]:
     """Every simulated C entry point, by symbol name."""
     entries = cabi.entry_points(sim)
@@ -315,18 +334,8 @@ def handlers(sim: SimNvml) -> dict[str, Handler]:
         _copy(out, info)
 
     def gi_profile_v(dev: int, profile: int, out: int) -> None:
-        version = int(_at(out, ctypes.c_uint).value)
         info = sim.nvmlDeviceGetGpuInstanceProfileInfo(_handle(dev), profile, 2)
-        if version == GI_PROFILE_V2:
-            _copy(out, info)
-        elif version == GI_PROFILE_V3:
-            v3 = _GiProfileInfoV3(version=version)
-            for field in _fields(_GiProfileInfoV3):
-                if field not in ("version", "capabilities"):
-                    setattr(v3, field, getattr(info, field))
-            _copy(out, v3)
-        else:
-            raise _err(_VERSION_MISMATCH)
+        _copy_profile(out, info, GI_PROFILE_V2, GI_PROFILE_V3, _GiProfileInfoV3)
 
     def gi_placements(dev: int, profile_id: int, placements: int, count_address: int) -> None:
         count_ref = _at(count_address, ctypes.c_uint)
@@ -373,18 +382,8 @@ def handlers(sim: SimNvml) -> dict[str, Handler]:
         _copy(out, info)
 
     def ci_profile_v(gi_value: int, profile: int, engine: int, out: int) -> None:
-        version = int(_at(out, ctypes.c_uint).value)
         info = sim.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi(gi_value), profile, engine, 2)
-        if version == CI_PROFILE_V2:
-            _copy(out, info)
-        elif version == CI_PROFILE_V3:
-            v3 = _CiProfileInfoV3(version=version)
-            for field in _fields(_CiProfileInfoV3):
-                if field not in ("version", "capabilities"):
-                    setattr(v3, field, getattr(info, field))
-            _copy(out, v3)
-        else:
-            raise _err(_VERSION_MISMATCH)
+        _copy_profile(out, info, CI_PROFILE_V2, CI_PROFILE_V3, _CiProfileInfoV3)
 
     def ci_remaining(gi_value: int, profile_id: int, out: int) -> None:
         value = sim.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gi(gi_value), profile_id)
