@@ -16,7 +16,7 @@ from device_plugin_common import quantiles_ms, running, table
 
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.events import pumping_events
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from exporter_node import PODS, mig_node, start_kubelet
 
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent_exporters.podresources import PodResourcesPoller

@@ -47,8 +47,8 @@ from health_common import (
 
 from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
-from nodeagent.kube.node import STRATEGIC, make_api
-from nodeagent.runtime.health import HealthState, HealthTransition
+from nodeagent.kube.node_patcher import STRATEGIC, make_api
+from nodeagent.runtime.health_source import HealthState, HealthTransition
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.controlplane import ControlPlane

@@ -43,7 +43,7 @@ from exporter_resources import (
     running_agent,
 )
 
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from nodeagent_exporters.render import Renderer, Sources

@@ -35,7 +35,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from exporter_node import PODS, REPLICAS, mig_node
 from exporter_resources import add_window_arguments, measure, print_threads, running_agent
 
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from nodeagent.workloads import CgroupReader, PodIndex, attribute

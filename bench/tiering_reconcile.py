@@ -46,8 +46,8 @@ from tiering_common import count_options, nearest_rank
 from nodeagent import labels as lbl
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.audit import audit_mark, read_audit
-from nodeagent_tiering.cluster.api import Kube, api_client
 from nodeagent_tiering.cluster.clock import SystemClock
+from nodeagent_tiering.cluster.cluster_api import Kube, api_client
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.cluster.tier_policy import parse_policy
 from nodeagent_tiering.drain.controller import Controller

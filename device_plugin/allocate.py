@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
-from nodeagent.config.policy import SharingMode
+from nodeagent.config.pool_policy import SharingMode
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
 from nodeagent.runtime.mps import MpsPaths
 from nodeagent_device_plugin.cdi import device_names

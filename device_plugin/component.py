@@ -10,7 +10,7 @@ from pathlib import Path
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.runtime.component import Idle
-from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_device_plugin.manager import POLL_S, PluginManager
 from nodeagent_device_plugin.resources import ResourceError

@@ -19,11 +19,11 @@ from pathlib import Path
 import grpc
 
 from nodeagent.config.device_plugin import DeviceListStrategy, DevicePluginSection
-from nodeagent.config.policy import PoolPolicy, SharingMode
+from nodeagent.config.pool_policy import PoolPolicy, SharingMode
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeagent.runtime.backoff import Backoff
-from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.mps import MpsPaths, MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.cdi import CdiSpecs
 from nodeagent_device_plugin.preferred import ScoreTable

@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from nodeagent.config.policy import ReplicaPlacement
+from nodeagent.config.pool_policy import ReplicaPlacement
 from nodeagent.gpu.types import Link, LinkKind
 from nodeagent_device_plugin.resources import PluginDevice
 

@@ -19,7 +19,7 @@ from nodeagent.config.device_plugin import (
     DevicePluginSection,
     MigStrategy,
 )
-from nodeagent.config.policy import PoolPolicy, Sharing, SharingMode
+from nodeagent.config.pool_policy import PoolPolicy, Sharing, SharingMode
 from nodeagent.gpu.types import GpuInstance, GpuState, NodeSnapshot
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.atomicfile import write_json_atomic
-from nodeagent.runtime.health import HealthSource, HealthState, HealthTransition
+from nodeagent.runtime.health_source import HealthSource, HealthState, HealthTransition
 
 log = logging.getLogger(__name__)
 

@@ -23,17 +23,17 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.holds import HoldSources
-from nodeagent.kube.node import KubeUnavailableError, make_api
+from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.component import Idle
-from nodeagent.runtime.health import HealthSource, NodeHealthSource
+from nodeagent.runtime.health_source import HealthSource, NodeHealthSource
 from nodeagent.runtime.lock import ProcessLock
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
 from nodeagent_dra.driver import PROC_CAPABILITIES, Driver, PrepareError
-from nodeagent_dra.kube import ApiClaims, SlicePublisher
 from nodeagent_dra.plugin import PluginServer
+from nodeagent_dra.resource_api import ApiClaims, SlicePublisher
 from nodeagent_dra.slices import DraDevice, Publication, SliceSpec, build_slices
 
 log = logging.getLogger(__name__)

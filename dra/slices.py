@@ -46,7 +46,7 @@ from nodeagent.gpu.types import (
     Placement,
 )
 from nodeagent.labels import gpu_family
-from nodeagent.runtime.health import DeviceHealth, HealthState
+from nodeagent.runtime.health_source import DeviceHealth, HealthState
 
 API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.nodeagent.io"

@@ -13,10 +13,10 @@ from typing import TypedDict, Unpack
 from nodeagent import labels
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
-from nodeagent.kube.node import KubeUnavailableError, make_api
+from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.kube.pods import PodIndexPoller
 from nodeagent.runtime.devices import PublishedDevices
-from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import CgroupReader

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from nodeagent.gpu.types import GpuInstance, GpuState, NodeSnapshot, Profiling, Telemetry
-from nodeagent.runtime.health import HealthSource, NodeHealthSource
+from nodeagent.runtime.health_source import HealthSource, NodeHealthSource
 from nodeagent_exporters.podresources import Allocations
 
 MIB = 1 << 20

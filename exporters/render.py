@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from nodeagent import capacity
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.types import (
     ClockEventReason,
     GpuInstance,
@@ -31,7 +31,12 @@ from nodeagent.gpu.types import (
     NodeSnapshot,
     Profiling,
 )
-from nodeagent.runtime.health import DeviceHealth, HealthSource, HealthState, NodeHealthSource
+from nodeagent.runtime.health_source import (
+    DeviceHealth,
+    HealthSource,
+    HealthState,
+    NodeHealthSource,
+)
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.workloads import (
     AttributedProcess,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.capacity import nvlink_components
-from nodeagent.config.policy import Sharing, SharingMode
+from nodeagent.config.pool_policy import Sharing, SharingMode
 from nodeagent.gpu.types import GpuInstance, GpuState, MigProfile, NodeSnapshot
 
 # GPU feature discovery names (kept as GFD spells them).

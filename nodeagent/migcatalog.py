@@ -7,7 +7,7 @@ simulator serves them through its NVML surface. It sits below both and imports n
 
 Pure data plus small lookups. Every table names where it comes from in :data:`SOURCES`: NVIDIA's
 MIG User Guide ("UG"), a public ``nvidia-smi mig -lgip/-lgipp`` output with its driver version
-where the output shows one, or ``inferred: <reason>``. ``tests/sim/test_sim_catalog.py`` pins the
+where the output shows one, or ``inferred: <reason>``. ``tests/sim/test_catalog.py`` pins the
 tables to those sources.
 
 Two integer spaces are kept apart here, as NVML keeps them apart:

@@ -13,8 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from nodeagent_tiering.cluster.api import Kube
 from nodeagent_tiering.cluster.clock import Clock, SystemClock
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.drain.controller import Controller

@@ -31,8 +31,8 @@ from nodeagent.config.selection import (
     entries_in,
     parse_fallbacks,
 )
-from nodeagent.kube.node import KubeUnavailableError, make_api
 from nodeagent.kube.node_label import read_node_label
+from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2

@@ -37,8 +37,8 @@ from nodeagent.atomicfile import write_json_atomic
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kube.events import EventRecorder
-from nodeagent.kube.node import KubeUnavailableError
 from nodeagent.kube.node_label import read_node_label, set_node_labels
+from nodeagent.kube.node_patcher import KubeUnavailableError
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotCallback, SnapshotStore

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from nodeagent import labels, published
-from nodeagent.runtime.health import HealthSource
+from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_exporters.podresources import Allocations
 

@@ -43,7 +43,7 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
 from nodeagent.health.validation import GpuValidator
-from nodeagent.kube.node import KubeUnavailableError, make_api
+from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.runtime.component import Component, Idle, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent.sharing import component as sharing

@@ -100,7 +100,7 @@ QuotaOption = Annotated[
 
 
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
-    from nodeagent_tiering.cluster.api import Kube, api_client
+    from nodeagent_tiering.cluster.cluster_api import Kube, api_client
 
     try:
         api = api_client(server=server, kubeconfig=kubeconfig, in_cluster=in_cluster)
@@ -199,7 +199,7 @@ def run_command(
 ) -> None:
     """Assign tiers and drain unstable nodes within the disruption budget."""
     from nodeagent_tiering import service as tiering
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -302,7 +302,7 @@ def report_command(
 ) -> None:
     """The pool review: per tier health, drift, MIG layouts, fragmentation, drains; per tier
     and team quota, queue waits, utilisation and failures, and what to change."""
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.cluster.units import parse_duration
     from nodeagent_tiering.review.build import build_pool_review
     from nodeagent_tiering.review.prometheus import ReportError
@@ -365,7 +365,7 @@ def reset_breaker_command(
     lease_name: LeaseOption = "nodeagent-tiering",
 ) -> None:
     """Close the circuit breaker; the leader resumes drains at its next renewal."""
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.drain.leader import reset_breaker_on_lease
 
     api, kube_cls = _client(server, kubeconfig, in_cluster)
@@ -420,7 +420,7 @@ KueueVersionOption = Annotated[
 def _kueue_api(version: str | None, kube: Any | None) -> Any:
     """The Kueue API to speak: as asked, or discovered from the cluster."""
     from nodeagent_tiering.cluster import kueue
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
 
     if version not in (None, "auto") and version not in kueue.VERSIONS:
         fail(f"--kueue-version {version!r} is not one of auto, {', '.join(kueue.VERSIONS)}", "")
@@ -470,7 +470,7 @@ def quota_render_command(
 ) -> None:
     """Print the ClusterQueues, Cohorts, LocalQueues (and flavors) as multi-document YAML, or
     apply them."""
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.quota.apply import apply_objects
     from nodeagent_tiering.quota.policy import render, render_yaml
 
@@ -507,7 +507,7 @@ def quota_check_command(
     """Check the quota against the cluster: guarantees the healthy nodes cannot back,
     over-commitment, missing queues and flavors. Exit 1 when a problem is found."""
     from nodeagent_tiering.cluster import kueue
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.quota.backing import Cluster, check
 
     policy = _policy(policy_file) if policy_file else None
@@ -551,7 +551,7 @@ def quota_flavors_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """The tiers' ResourceFlavors: printed (a dry run), or synced once with --sync."""
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.quota.flavors import FlavorSync
     from nodeagent_tiering.quota.policy import render_yaml
 
@@ -631,7 +631,7 @@ def why_pending_command(
     in_cluster: InClusterOption = False,
 ) -> None:
     """Why each pending GPU pod waits, and the smallest change that would unblock it."""
-    from nodeagent_tiering.cluster.api import KubeError
+    from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.cluster.view import read_view
     from nodeagent_tiering.pending.diagnosis import diagnose_some
     from nodeagent_tiering.pending.results import settings_for

@@ -17,7 +17,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from nodeagent.config.errors import FieldError
 from nodeagent.config.loader import Schema
-from nodeagent.config.policy import MAX_MPS_REPLICAS, MAX_REPLICAS, Sharing, SharingMode
+from nodeagent.config.pool_policy import MAX_MPS_REPLICAS, MAX_REPLICAS, Sharing, SharingMode
 
 RESOURCE_PREFIX = "nvidia.com/"
 SHARED_SUFFIX = ".shared"

@@ -22,7 +22,7 @@ from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.loader import Schema, deep_merge, env_overrides, validate_document
 from nodeagent.config.metrics import MetricsSection
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.config.types import LabelValue, dns_subdomain
 from nodeagent.config.yamlfile import Document, read_document
 

@@ -22,7 +22,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from nodeagent.gpu.types import EventKind, GpuEvent
 from nodeagent.health.xids import CATALOG, XidCategory
 from nodeagent.kube.events import EventRecorder, PodRef
-from nodeagent.kube.node import KubeUnavailableError
+from nodeagent.kube.node_patcher import KubeUnavailableError
 from nodeagent.workloads import AttributedProcess, Device, Workload
 
 log = logging.getLogger(__name__)

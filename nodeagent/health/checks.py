@@ -16,7 +16,7 @@ from typing import Protocol
 from nodeagent.config.health import HealthSection
 from nodeagent.gpu.types import ClockEventReason, GpuState, NodeSnapshot, Telemetry
 from nodeagent.health.xids import Action
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 # The clocks-event reasons that mean the hardware or driver slowed the GPU to protect itself
 # (the reference notes' list; idle, application clocks, SW power cap and sync boost are normal).

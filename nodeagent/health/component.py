@@ -23,7 +23,7 @@ from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import HEALTH_DIR, history_path, status_path
 from nodeagent.health.validation import RESETS_FILE, GpuValidator
 from nodeagent.kube.events import EventRecorder
-from nodeagent.kube.node import KubeUnavailableError, NodePatcher, make_api
+from nodeagent.kube.node_patcher import KubeUnavailableError, NodePatcher, make_api
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent.workloads import AttributedProcess
 

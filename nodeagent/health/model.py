@@ -50,7 +50,7 @@ from nodeagent.health.score import (
     StabilityScore,
 )
 from nodeagent.health.xids import Action, XidPolicy, strongest
-from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
+from nodeagent.runtime.health_source import DeviceHealth, HealthState, HealthTransition
 from nodeagent.runtime.subscribers import Subscribers
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ VALIDATION_RETRY_ACTION = "fix what the failed step reports (see the reason); th
 
 
 class HealthModel:
-    """Implements :class:`~nodeagent.runtime.health.HealthSource` over events and snapshots."""
+    """Implements :class:`~nodeagent.runtime.health_source.HealthSource` over events, snapshots."""
 
     def __init__(
         self,

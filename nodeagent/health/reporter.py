@@ -24,9 +24,9 @@ from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel, NodeHealth
 from nodeagent.health.score import StabilityLevel
 from nodeagent.health.statefile import node_reasons, status_path, write_status
-from nodeagent.kube.node import KubeUnavailableError, NodeFlags, NodePatcher
+from nodeagent.kube.node_patcher import KubeUnavailableError, NodeFlags, NodePatcher
 from nodeagent.runtime.backoff import Backoff
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, TypeAdapter
 
 from nodeagent.atomicfile import read_json_as, write_json_atomic
-from nodeagent.config.policy import RemediationPolicy
+from nodeagent.config.pool_policy import RemediationPolicy
 from nodeagent.gpu.errors import GpuError
 from nodeagent.health.model import HealthModel
 from nodeagent.kube.events import EventRecorder
-from nodeagent.kube.node import KubeUnavailableError
+from nodeagent.kube.node_patcher import KubeUnavailableError
 
 log = logging.getLogger(__name__)
 

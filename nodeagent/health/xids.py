@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 
 class XidCategory(enum.StrEnum):

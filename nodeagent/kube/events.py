@@ -15,7 +15,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from nodeagent.kube.node import KubeUnavailableError
+from nodeagent.kube.node_patcher import KubeUnavailableError
 
 COMPONENT = "nodeagent"
 _MAX_MESSAGE = 1024

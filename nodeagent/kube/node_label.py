@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.kube.node import api_errors
+from nodeagent.kube.node_patcher import api_errors
 
 MERGE = "application/merge-patch+json"
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.config.device_plugin import MpsSection
-from nodeagent.config.policy import Sharing
+from nodeagent.config.pool_policy import Sharing
 
 log = logging.getLogger(__name__)
 

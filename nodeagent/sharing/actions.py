@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
-from nodeagent.config.policy import Sharing, SharingMode
+from nodeagent.config.pool_policy import Sharing, SharingMode
 from nodeagent.config.schema import AgentConfig
 from nodeagent.runtime.component import Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed

@@ -3,7 +3,7 @@
 Pure data plus small lookups. Every fact names where it comes from in :data:`SOURCES`, one entry
 per model and fact: a document (NVIDIA's MIG User Guide, a datasheet), a public ``nvidia-smi``
 output with its driver version where the output shows one, or ``inferred: <reason>`` where no
-public reading was found. ``tests/sim/test_sim_catalog.py`` pins the tables to those sources and
+public reading was found. ``tests/sim/test_catalog.py`` pins the tables to those sources and
 docs/simulator.md lists what is inferred.
 
 The MIG profile tables (profile IDs, ``NVML_GPU_INSTANCE_PROFILE_*`` index constants, slices, SMs,

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from nodeagent.runtime.health import DeviceHealth, HealthState, HealthTransition
+from nodeagent.runtime.health_source import DeviceHealth, HealthState, HealthTransition
 from nodeagent.runtime.subscribers import Subscribers
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.config.loader import ConfigError, env_names
-from nodeagent.config.policy import SharingMode
+from nodeagent.config.pool_policy import SharingMode
 from nodeagent.config.schema import AgentConfig, load_agent_config
 
 

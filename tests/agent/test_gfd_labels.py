@@ -31,7 +31,7 @@ import pytest
 
 from nodeagent import labels as lbl
 from nodeagent.agent.node_labels import CapabilityLabels, read_host_facts
-from nodeagent.config.policy import Sharing, SharingMode
+from nodeagent.config.pool_policy import Sharing, SharingMode
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import GpuState, NodeSnapshot
 from nodeagent.runtime.snapshots import SnapshotStore

@@ -12,7 +12,7 @@ from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig, load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot
-from nodeagent.kube.node import make_api
+from nodeagent.kube.node_patcher import make_api
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.kube.controlplane import free_port
 from nodeagent.testing.waiting import wait_until

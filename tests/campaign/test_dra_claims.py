@@ -34,7 +34,7 @@ from nodeagent.gpu.node import GpuNode
 from nodeagent.testing.drakubelet import DraConnection, TestDraKubelet
 from nodeagent.testing.nodes import enable_mig
 from nodeagent_dra.driver import NOT_REACHED, Driver
-from nodeagent_dra.kube import ApiClaims
+from nodeagent_dra.resource_api import ApiClaims
 from tests.campaign.conftest import Tally, size
 from tests.dra.claim_api import ClaimApi, claim_api
 from tests.dra.plugin_support import DRIVER, claim_json, make_driver, serve

@@ -22,7 +22,7 @@ from nodeagent.agent.backend import open_node
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
 from nodeagent.health.score import StabilityLevel
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.health import ScriptedHealth

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 TS2 = {"mode": "time-slicing", "replicas": 2}
 

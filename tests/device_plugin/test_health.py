@@ -9,7 +9,7 @@ import pytest
 
 from nodeagent.config.health import HealthSection
 from nodeagent.health.model import HealthModel
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.events import pumping_events

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from nodeagent.gpu.types import NodeSnapshot
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 # (small profile, whole-GPU profile) of each MIG preset.
 MIG_PRESETS = {

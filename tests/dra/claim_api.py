@@ -1,5 +1,6 @@
 """ResourceClaims served over HTTP on loopback, the way kube-apiserver serves a GET of one, for
-the driver's real API reader (:class:`nodeagent_dra.kube.ApiClaims` on the kubernetes client).
+the driver's real API reader
+(:class:`nodeagent_dra.resource_api.ApiClaims` on the kubernetes client).
 
 It serves exactly the bytes a test stores (so an answer may be malformed, or not JSON at all),
 answers 404 with a ``Status`` for a claim it does not hold, can be slow per claim, and counts

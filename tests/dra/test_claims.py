@@ -22,7 +22,7 @@ from nodeagent.testing.drakubelet import DraConnection, TestDraKubelet
 from nodeagent.testing.nodes import enable_mig
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
 from nodeagent_dra.driver import NOT_REACHED, ClaimRef, Deadline, Driver
-from nodeagent_dra.kube import ApiClaims
+from nodeagent_dra.resource_api import ApiClaims
 from tests.dra.claim_api import ClaimApi, claim_api
 from tests.dra.plugin_support import DRIVER, NODE, claim_json, make_driver, serve
 from tests.health.fulldisk import small_disk

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nodeagent.gpu.node import GpuNode
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.drakubelet import TestDraKubelet
 from nodeagent.testing.health import ScriptedHealth

@@ -185,6 +185,6 @@ def test_the_agent_wires_the_dra_component_and_it_serves_and_publishes(
 
 
 def _publisher(control_plane: Any, name: str) -> Any:
-    from nodeagent_dra.kube import SlicePublisher
+    from nodeagent_dra.resource_api import SlicePublisher
 
     return SlicePublisher(control_plane.api_client(), name, "gpu.nodeagent.io")

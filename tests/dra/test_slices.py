@@ -15,7 +15,7 @@ from kubernetes import client
 
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import MigGeometry, Placement
-from nodeagent.runtime.health import DeviceHealth, HealthState
+from nodeagent.runtime.health_source import DeviceHealth, HealthState
 from nodeagent.sim.presets import preset_names
 from nodeagent.testing.nodes import enable_mig
 from nodeagent_dra.slices import Publication, SliceSpec, build_slices, mig_device_name

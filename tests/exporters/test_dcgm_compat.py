@@ -12,11 +12,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodeagent.config.metrics import MetricsSection
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.config.schema import load_agent_config
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import NodeSnapshot, Profiling
-from nodeagent.runtime.health import DeviceHealth
+from nodeagent.runtime.health_source import DeviceHealth
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.nodes import split_into
 from nodeagent_exporters import dcgm_compat

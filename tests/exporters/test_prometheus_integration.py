@@ -19,7 +19,7 @@ import pytest
 
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health_component

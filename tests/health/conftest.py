@@ -13,7 +13,7 @@ from nodeagent.config.health import HealthSection
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.node import EventWatcher, GpuNode
 from nodeagent.health.model import HealthModel
-from nodeagent.runtime.health import HealthTransition
+from nodeagent.runtime.health_source import HealthTransition
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 

@@ -17,7 +17,7 @@ from nodeagent.config.schema import AgentConfig, NodeSection, SamplerSection
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
 from nodeagent.health.model import HealthModel
-from nodeagent.runtime.health import HealthState, HealthTransition
+from nodeagent.runtime.health_source import HealthState, HealthTransition
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.kube import waiting

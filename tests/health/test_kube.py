@@ -20,7 +20,7 @@ import pytest
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import read_status
-from nodeagent.kube.node import NodePatcher, make_api
+from nodeagent.kube.node_patcher import NodePatcher, make_api
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.deploy import Identities
 from nodeagent.testing.kube.nodes import NodeSet

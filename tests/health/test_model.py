@@ -13,7 +13,7 @@ import pytest
 from nodeagent.gpu.types import Placement
 from nodeagent.health.model import HealthModel
 from nodeagent.health.score import StabilityLevel
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from tests.health.conftest import MakeRig
 
 H = HealthState

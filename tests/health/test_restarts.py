@@ -13,7 +13,7 @@ from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.score import StabilityLevel
 from nodeagent.health.statefile import write_status
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.health import ScriptedHealth
 from nodeagent_device_plugin.withheld import HealthTracker

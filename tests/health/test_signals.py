@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.sim.presets import DRIVER_VERSION
 from tests.health.conftest import MakeRig, Rig
 

@@ -16,7 +16,7 @@ import pytest
 
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from tests.health.conftest import MakeRig
 from tests.health.fulldisk import small_disk
 

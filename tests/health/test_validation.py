@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.config.health import HealthSection
-from nodeagent.config.policy import RemediationPolicy
+from nodeagent.config.pool_policy import RemediationPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import EventKind, GpuEvent
 from nodeagent.health import validation
@@ -23,7 +23,7 @@ from nodeagent.health.reporter import desired_flags
 from nodeagent.health.statefile import to_json
 from nodeagent.health.validation import GpuValidator
 from nodeagent.health.xids import Action
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.clock import FakeClock
 

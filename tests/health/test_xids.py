@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodeagent.health.xids import CATALOG, Action, XidCategory, XidPolicy, strongest
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 
 H = HealthState
 C = XidCategory

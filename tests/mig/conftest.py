@@ -13,7 +13,7 @@ from nodeagent.agent.backend import open_node
 from nodeagent.gpu.types import MigGeometry
 
 # Simulator preset standing for each MIG model. The simulator's tables are checked against the
-# reference tables in tests/sim/test_sim_catalog.py; here they are read through the GPU layer,
+# reference tables in tests/sim/test_catalog.py; here they are read through the GPU layer,
 # the path the planner gets its geometry from in production.
 SIM_SOURCES = {"a100-40": "dgx-a100", "h100-80": "dgx-h100", "h200": "hgx-h200", "a30": "a30x4"}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.config.policy import SharingMode
+from nodeagent.config.pool_policy import SharingMode
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.runtime.component import Idle

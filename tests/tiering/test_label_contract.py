@@ -19,7 +19,7 @@ from nodeagent.config.health import HealthSection
 from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import desired_flags
-from nodeagent.kube.node import NodeFlags, NodePatcher, make_api
+from nodeagent.kube.node_patcher import NodeFlags, NodePatcher, make_api
 from nodeagent.sim.control import SimControl
 from nodeagent_tiering.cluster.nodes import NodeView
 from nodeagent_tiering.cluster.tier_policy import Operator, Requirement, Selector, Stability

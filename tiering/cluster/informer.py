@@ -16,7 +16,12 @@ from typing import Generic, TypeVar
 
 from nodeagent.runtime.backoff import Backoff
 from nodeagent_tiering.cluster import JSON
-from nodeagent_tiering.cluster.api import WATCH_RETRY_INITIAL_S, WATCH_RETRY_MAX_S, Kube, KubeError
+from nodeagent_tiering.cluster.cluster_api import (
+    WATCH_RETRY_INITIAL_S,
+    WATCH_RETRY_MAX_S,
+    Kube,
+    KubeError,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 from nodeagent import labels as lbl
 from nodeagent.published import PublishedError, PublishedNode, decode
 from nodeagent_tiering.cluster import units
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION
 from nodeagent_tiering.cluster.tier_policy import Operator, Requirement
 from nodeagent_tiering.cluster.units import parse_time

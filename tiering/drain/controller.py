@@ -17,8 +17,8 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent.runtime.backoff import Backoff
-from nodeagent_tiering.cluster.api import Kube, KubeError, ObjectRef
 from nodeagent_tiering.cluster.clock import Clock
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError, ObjectRef
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
 from nodeagent_tiering.cluster.tier_policy import Stability, TierPolicy, resolve

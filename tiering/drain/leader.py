@@ -18,8 +18,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.cluster.api import Kube, KubeError, ObjectRef
 from nodeagent_tiering.cluster.clock import Clock
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError, ObjectRef
 from nodeagent_tiering.cluster.units import micro_time
 from nodeagent_tiering.drain.planner import BreakerState
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nodeagent_tiering.cluster.api import Kube, KubeError
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
 from nodeagent_tiering.cluster.units import micro_time, parse_time
 from nodeagent_tiering.pending.results import EVENT_REASONS, Diagnosis, Reason
 

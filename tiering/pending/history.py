@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from nodeagent_tiering.cluster.api import Kube, KubeError
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
 from nodeagent_tiering.cluster.view import ClusterView
 from nodeagent_tiering.pending.fits import primary_request
 from nodeagent_tiering.pending.results import CONTIGUITY, PassResult

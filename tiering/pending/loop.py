@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 
-from nodeagent_tiering.cluster.api import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError
 from nodeagent_tiering.cluster.clock import Clock
+from nodeagent_tiering.cluster.cluster_api import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError
 from nodeagent_tiering.cluster.informer import Informer, NodeCache
 from nodeagent_tiering.cluster.view import (
     ClusterView,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent_tiering.cluster import JSON, kueue, units
-from nodeagent_tiering.cluster.api import KubeError
+from nodeagent_tiering.cluster.cluster_api import KubeError
 from nodeagent_tiering.quota.flavors import FIELD_MANAGER, KueueClient
 
 # The order objects are applied in (flavors before the queues that name them) and pruned in

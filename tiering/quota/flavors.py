@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.cluster import JSON, kueue
-from nodeagent_tiering.cluster.api import KubeError
+from nodeagent_tiering.cluster.cluster_api import KubeError
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from nodeagent_tiering.cluster import JSON, kueue
-from nodeagent_tiering.cluster.api import Kube, KubeError
 from nodeagent_tiering.cluster.clock import Clock
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.quota.backing import backing
 from nodeagent_tiering.quota.flavors import Flavor, FlavorReport, FlavorSync, desired_flavors

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.nodes import NodeView
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.pending.mig import MigPlanner

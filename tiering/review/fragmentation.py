@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from nodeagent_tiering.cluster.api import Kube, KubeError
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.cluster.view import read_view
 from nodeagent_tiering.pending.diagnosis import Diagnoser

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from nodeagent_tiering.cluster import JSON, kueue
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 
 
 @dataclass

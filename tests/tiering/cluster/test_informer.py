@@ -14,7 +14,7 @@ from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.deploy import install_identities
 from nodeagent.testing.kube.nodes import NodeSet
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.cluster.api import Kube, api_client
+from nodeagent_tiering.cluster.cluster_api import Kube, api_client
 from nodeagent_tiering.cluster.informer import NodeCache
 from tests.tiering.conftest import gpu_labels
 

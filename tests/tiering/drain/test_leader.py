@@ -17,7 +17,7 @@ from nodeagent import labels as lbl
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.processes import TieringService
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.cluster.api import KubeError
+from nodeagent_tiering.cluster.cluster_api import KubeError
 from nodeagent_tiering.drain.leader import (
     BREAKER_ANNOTATION,
     breaker_from_lease,

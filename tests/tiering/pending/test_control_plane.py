@@ -23,7 +23,7 @@ from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.clusterfile import load_cluster
 from nodeagent_tiering.cluster.view import view_from_objects
 from nodeagent_tiering.pending.diagnosis import Diagnoser

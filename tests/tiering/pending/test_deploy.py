@@ -13,7 +13,7 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.cluster.api import Kube, KubeError
+from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.pending.loop import PendingLoop
 from nodeagent_tiering.pending.metrics import PendingMetrics

@@ -11,7 +11,7 @@ from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import pod_manifest
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.pending.events import COMPONENT, REPEAT_S, PodEvents
 from nodeagent_tiering.pending.history import (

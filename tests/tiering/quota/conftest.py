@@ -21,7 +21,7 @@ from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
 from nodeagent.testing.waiting import wait_until
 from nodeagent_tiering.cluster import kueue
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.quota.policy import QuotaPolicy, parse_quota_policy
 
 JSON = dict[str, Any]

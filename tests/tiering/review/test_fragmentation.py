@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
 from nodeagent.testing.kube.controlplane import ControlPlane
-from nodeagent_tiering.cluster.api import Kube
+from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.pending.history import History, HistoryStore
 from nodeagent_tiering.review.fragmentation import (
     fragmentation_section,

@@ -27,7 +27,7 @@ from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.deploy import Identities, install_identities
 from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet, pod_manifest
-from nodeagent_tiering.cluster.api import Kube, api_client
+from nodeagent_tiering.cluster.cluster_api import Kube, api_client
 from nodeagent_tiering.cluster.informer import NodeCache
 from nodeagent_tiering.cluster.tier_policy import parse_policy
 from nodeagent_tiering.drain.controller import Controller

@@ -16,7 +16,7 @@ import pytest
 from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import SamplerSection
 from nodeagent.gpu.node import GpuNode
-from nodeagent.runtime.health import HealthState
+from nodeagent.runtime.health_source import HealthState
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.testing.health import ScriptedHealth
 from nodeagent.testing.kubelet import TestKubelet
@@ -26,7 +26,7 @@ from nodeagent_exporters import component as exporters_component
 from nodeagent_exporters.component import MetricsExporter
 from tests.device_plugin.conftest import make_config
 from tests.exporters.exporter_factories import Samples, parse_samples, value
-from tests.exporters.test_exporter_server import get
+from tests.exporters.test_server import get
 
 GPU = "nvidia.com/gpu"
 

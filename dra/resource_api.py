@@ -1,7 +1,7 @@
 """The DRA driver's API server adapter: read ResourceClaims, keep this node's ResourceSlices.
 
 Only this module talks to the API for the DRA feature. Errors come out as
-:class:`~nodeagent.kube.node.KubeUnavailableError` (slices: the caller retries with backoff)
+:class:`~nodeagent.kube.node_patcher.KubeUnavailableError` (slices: the caller retries with backoff)
 or :class:`~nodeagent_dra.driver.PrepareError` (claims: the claim's error, the kubelet retries).
 """
 
@@ -16,7 +16,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from nodeagent.kube.node import KubeUnavailableError, api_errors
+from nodeagent.kube.node_patcher import KubeUnavailableError, api_errors
 from nodeagent_dra.driver import PrepareError
 
 log = logging.getLogger(__name__)

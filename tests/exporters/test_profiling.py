@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import Placement
 from nodeagent.sim.control import SimControl
@@ -19,7 +19,7 @@ from nodeagent_exporters.catalog import MIG_PROFILING, PROFILING
 from nodeagent_exporters.render import Renderer, Sources
 from tests.exporters.exporter_factories import Samples, gpu_state, parse_samples, snapshot, value
 from tests.exporters.profiling_factories import profiling
-from tests.exporters.test_exporter_render import UID0, UID1, full_node, render
+from tests.exporters.test_render import UID0, UID1, full_node, render
 
 
 def _families(samples: Samples, prefix: str) -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.node import GpuNode
 from nodeagent.sim.control import SimControl
 from nodeagent.workloads import CgroupReader, PodIndex

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent.config.metrics import ProbeSection
-from nodeagent.config.policy import PoolPolicy
+from nodeagent.config.pool_policy import PoolPolicy
 from nodeagent.gpu.types import ClockEventReason, NodeSnapshot, RemappedRows
-from nodeagent.runtime.health import DeviceHealth, HealthState
+from nodeagent.runtime.health_source import DeviceHealth, HealthState
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
 from nodeagent.workloads import CgroupReader, Device, PodIndex, Workload
 from nodeagent_exporters.catalog import CATALOG, markdown

@@ -1,6 +1,6 @@
 """Every metric family on a simulated dgx-h100 with MIG, through the real components.
 
-The hand-built snapshot in test_exporter_render.py pins exact values; this test proves the
+The hand-built snapshot in test_render.py pins exact values; this test proves the
 catalog is reachable on a simulated node: a MIG layout applied by the MIG applier, the real
 health model fed by the sampler and the GPU event watcher (with an injected XID and a failing
 NVML function), the real device plugin registered with the test kubelet, and pod attribution
@@ -36,7 +36,7 @@ from nodeagent_mig.apply import reconcile
 from nodeagent_mig.config import parse_config
 from tests.device_plugin.conftest import make_config
 from tests.exporters.exporter_factories import Samples, parse_samples, value
-from tests.exporters.test_exporter_server import get
+from tests.exporters.test_server import get
 
 # Families that cannot appear on this hardware, and why. Anything else missing is a failure.
 ABSENT_ON_H100 = {
