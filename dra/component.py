@@ -27,14 +27,14 @@ from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
 from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.component import Idle
-from nodeagent.runtime.health_source import HealthSource, NodeHealthSource
+from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.lock import ProcessLock
 from nodeagent.runtime.snapshots import SnapshotFeed
 from nodeagent_dra.checkpoint import Checkpoint, checkpoint_path
 from nodeagent_dra.driver import PROC_CAPABILITIES, Driver, PrepareError
 from nodeagent_dra.plugin import PluginServer
 from nodeagent_dra.resource_api import ApiClaims, SlicePublisher
-from nodeagent_dra.slices import DraDevice, Publication, SliceSpec, build_slices
+from nodeagent_dra.slices import DraDevice, Publication, SliceSpec, build_slices, slice_spec
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +147,10 @@ class DraComponent:
 
     def spec(self, generation: int) -> SliceSpec:
         """What beyond the snapshot decides the slices now."""
-        config = self.config
-        stability = None
-        if isinstance(self.health, NodeHealthSource):
-            level = self.health.node_health().level
-            stability = level if level != "unknown" else None
-        return SliceSpec(
-            node_name=config.node_name,
-            driver=config.dra.driver_name,
-            pool=config.node.pool,
-            dynamic_mig=config.pool.dra.dynamic_mig,
-            withdraw_stranding=config.pool.dra.withdraw_stranding,
+        return slice_spec(
+            self.config,
+            self.health,
             managed=self.driver.managed(),
-            health=dict(self.health.device_health()) if self.health is not None else {},
-            stability=stability,
             generation=generation,
             node_uid=self._node_uid,
         )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nodeagent.capacity import memory_slices_of, nvlink_islands, preferred_placements, rank_order
+from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import (
     GpuInstance,
     GpuState,
@@ -46,7 +47,12 @@ from nodeagent.gpu.types import (
     Placement,
 )
 from nodeagent.labels import gpu_family
-from nodeagent.runtime.health_source import DeviceHealth, HealthState
+from nodeagent.runtime.health_source import (
+    DeviceHealth,
+    HealthSource,
+    HealthState,
+    NodeHealthSource,
+)
 
 API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.nodeagent.io"
@@ -117,6 +123,41 @@ class Publication:
             spec = {k: v for k, v in s["spec"].items() if k != "pool"}
             bare.append({"name": s["metadata"]["name"], "spec": spec})
         return json.dumps(bare, sort_keys=True)
+
+
+def slice_spec(
+    config: AgentConfig,
+    health: HealthSource | None,
+    *,
+    managed: frozenset[tuple[int, str, int]],
+    generation: int = 1,
+    node_uid: str | None = None,
+    node_name: str | None = None,
+    dynamic_mig: bool | None = None,
+) -> SliceSpec:
+    """What beyond the snapshot decides the slices, from the agent config and the health source.
+
+    The one place both the live driver and ``nodeagent dra slices`` take it from, so the command
+    shows the taints the driver publishes. ``health`` None: the agent runs no health model, and
+    no device is tainted. ``node_name`` and ``dynamic_mig`` override the config's (the command's
+    options).
+    """
+    stability = None
+    if isinstance(health, NodeHealthSource):
+        level = health.node_health().level
+        stability = level if level != "unknown" else None
+    return SliceSpec(
+        node_name=node_name or config.node_name,
+        driver=config.dra.driver_name,
+        pool=config.node.pool,
+        dynamic_mig=config.pool.dra.dynamic_mig if dynamic_mig is None else dynamic_mig,
+        withdraw_stranding=config.pool.dra.withdraw_stranding,
+        managed=managed,
+        health=dict(health.device_health()) if health is not None else {},
+        stability=stability,
+        generation=generation,
+        node_uid=node_uid,
+    )
 
 
 def semver(version: str) -> str:

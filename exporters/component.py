@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypedDict, Unpack
 
 from nodeagent import labels
@@ -15,12 +15,13 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.kube.pods import PodIndexPoller
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.devices import PublishedDevices
 from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.mig import MigLayoutStatus
 from nodeagent.runtime.snapshots import SnapshotFeed
-from nodeagent.workloads import CgroupReader
-from nodeagent_exporters.podresources import PodResourcesPoller
+from nodeagent.workloads import AttributedProcess, CgroupReader
+from nodeagent_exporters.podresources import Allocations, PodResourcesPoller
 from nodeagent_exporters.probe import ProbeRunner
 from nodeagent_exporters.render import (
     AppXids,
@@ -152,6 +153,19 @@ class MetricsExporter:
             # Two decimals: finer changes are noise and would patch the node on every render.
             out[labels.FRAGMENTATION_ANNOTATION] = f"{capacity.mig_fragmentation_mean:.2f}"
         return out
+
+    def processes(self) -> Sequence[AttributedProcess]:
+        """The GPU processes of the last render, attributed to pods (the XID attributor's)."""
+        return self.renderer.processes
+
+    def allocations(self) -> Allocations | None:
+        """The kubelet's last device allocations; None without pod attribution or a poll."""
+        return self.poller.latest if self.poller is not None else None
+
+    @property
+    def measured(self) -> Renderer:
+        """What measures the interference of shared GPUs (the sharing actions read it)."""
+        return self.renderer
 
     def shared_gpus(self) -> dict[str, tuple[float, int]]:
         """GPU UUID -> (interference, workloads) of its worst shared device, last render."""
@@ -306,13 +320,46 @@ class ExporterInputs(TypedDict, total=False):
     validations: Callable[[], Mapping[str, bool]] | None
 
 
+class NoExporter(Idle):
+    """Metrics turned off: no port, nothing rendered, so no processes attributed, no capacity
+    annotations and no interference measured (None: not "none shared", nothing measures it).
+    Idle, so the agent supervises no thread; not Preparable, so no port is claimed."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(MetricsExporter.name)
+
+    def processes(self) -> Sequence[AttributedProcess]:
+        """None attributed: nothing renders."""
+        return ()
+
+    def allocations(self) -> Allocations | None:
+        """None: the kubelet is not polled."""
+        return None
+
+    @property
+    def measured(self) -> None:
+        """Nothing measures interference."""
+        return None
+
+    def shared_gpus(self) -> None:
+        """None: unmeasured, which the GPU-state annotation tells apart from "none shared"."""
+        return None
+
+    def capacity_annotations(self) -> dict[str, str]:
+        """None: capacity is computed by the exporter."""
+        return {}
+
+
 def build(
     config: AgentConfig, snapshots: SnapshotFeed, **inputs: Unpack[ExporterInputs]
-) -> MetricsExporter | None:
-    """The metrics component, or None when ``metrics.enabled`` is false."""
+) -> MetricsExporter | NoExporter:
+    """The metrics component, or one that serves and measures nothing when ``metrics.enabled``
+    is false."""
     cfg = config.metrics
     if not cfg.enabled:
-        return None
+        return NoExporter()
     poller = None
     if cfg.pod_attribution:
         poller = PodResourcesPoller(cfg.pod_resources_socket, cfg.pod_resources_interval_s)
@@ -333,4 +380,4 @@ def build(
     return MetricsExporter(config, snapshots, poller=poller, pod_index=pod_index, **inputs)
 
 
-__all__ = ["ExporterInputs", "MetricsExporter", "build"]
+__all__ = ["ExporterInputs", "MetricsExporter", "NoExporter", "build"]

@@ -13,6 +13,7 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuError
 from nodeagent.gpu.protocols import MigDevices
 from nodeagent.holds import HoldSources
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.lock import LockHeldError, ProcessLock
 from nodeagent.runtime.mig import MigGpuOutcome, MigLayoutStatus
 from nodeagent_mig.apply import APPLIED, UNCHANGED, ApplyReport, reconcile
@@ -287,18 +288,37 @@ class MigReconciler:
             self._wake.clear()
 
 
+class NoMigReconciler(Idle):
+    """MIG management turned off: no layout is managed, so none is applied and no round has an
+    outcome (no MIG layout label, no MIG series). Idle, so the agent supervises no thread."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(MigReconciler.name)
+
+    @property
+    def applied_layout(self) -> str | None:
+        """None: no layout is managed."""
+        return None
+
+    def status(self) -> MigLayoutStatus | None:
+        """None: no layout is managed."""
+        return None
+
+
 def build(
     config: AgentConfig,
     node: MigDevices,
     *,
     lock_file: Path | None = None,
     await_override: bool = False,
-) -> MigReconciler | None:
-    """The reconciler, or None when MIG management is off.
+) -> MigReconciler | NoMigReconciler:
+    """The reconciler, or one that manages nothing when MIG management is off.
 
     ``await_override``: the node's own choice of layout will be given through
     :meth:`MigReconciler.set_override` (None for none) before the first round.
     """
     if not config.mig.enabled:
-        return None
+        return NoMigReconciler()
     return MigReconciler(node, config, lock_file=lock_file, await_override=await_override)

@@ -38,11 +38,12 @@ from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.types import NodeSnapshot
 from nodeagent.kube.events import EventRecorder
 from nodeagent.kube.node_label import read_node_label, set_node_labels
-from nodeagent.kube.node_patcher import KubeUnavailableError
+from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.runtime.backoff import Backoff
+from nodeagent.runtime.component import Component, Idle
 from nodeagent.runtime.mig import MigLayoutStatus
-from nodeagent.runtime.snapshots import SnapshotCallback, SnapshotStore
-from nodeagent_mig.reconciler import MigReconciler
+from nodeagent.runtime.snapshots import SnapshotCallback, SnapshotFeed, SnapshotStore
+from nodeagent_mig.reconciler import MigReconciler, NoMigReconciler
 
 log = logging.getLogger(__name__)
 
@@ -325,3 +326,35 @@ class MigConfigLabel:
             write_json_atomic(self._state_dir / STATUS_FILE, data, durable=False)
         except OSError as exc:
             log.warning("cannot write %s: %s", STATUS_FILE, exc)
+
+
+def build(
+    config: AgentConfig, reconciler: MigReconciler | NoMigReconciler, snapshots: SnapshotStore
+) -> tuple[Component, SnapshotFeed]:
+    """The `nvidia.com/mig.config` label's component, and the device plugin's snapshot feed
+    (held while a layout the label chose is applied); (idle, the store) without Kubernetes or
+    MIG management."""
+    idle = Idle(MigConfigLabel.name)
+    # The label chooses among layouts only where the agent manages them, and is read only
+    # where the API server is at hand.
+    if isinstance(reconciler, NoMigReconciler) or not config.kubernetes.enabled:
+        return idle, snapshots
+    kube = config.kubernetes
+    try:
+        api = make_api(kube)
+    except KubeUnavailableError as exc:
+        log.warning("label %s is not read: %s", MIG_CONFIG_LABEL, exc)
+        reconciler.set_override(None)
+        return idle, snapshots
+    held = HeldSnapshots(snapshots) if config.device_plugin.enabled else None
+    component = MigConfigLabel(
+        api=api,
+        node_name=config.node_name,
+        reconciler=reconciler,
+        snapshots=snapshots,
+        held=held,
+        state_dir=config.state_dir,
+        request_timeout_s=kube.request_timeout_s,
+        layout_file=config.mig.layout_file,
+    )
+    return component, (held if held is not None else snapshots)

@@ -43,7 +43,7 @@ class GpuStateAnnotation:
         snapshots: SnapshotFeed,
         health: HealthSource | None = None,
         allocations: Callable[[], Allocations | None] | None = None,
-        shared: Callable[[], Mapping[str, tuple[float, int]]] | None = None,
+        shared: Callable[[], Mapping[str, tuple[float, int]] | None] | None = None,
     ) -> None:
         self._snapshots = snapshots
         self._shared = shared

@@ -19,9 +19,11 @@ callable; nothing is filled in after construction. The build order follows the d
 
 Components start in the order the supervisor lists them (sampler, MIG reconciler, MIG label,
 health, device plugin, DRA driver, metrics, sharing actions). A feature turned off in the config
-is absent from that list: the features that build a :class:`~nodeagent.runtime.component.Idle`
-component for it (the device plugin, the DRA driver, the sharing actions, the MIG label) are left
-out here, in one place.
+is absent from that list: each feature's builder makes the choice and builds a
+:class:`~nodeagent.runtime.component.Idle` component for it (the MIG reconciler's, health's and
+the exporter's null components keep their interface and report nothing, as an absent feature
+did; the XID attributor and the validator have null objects too), left out here, in one place.
+The one ``None`` handed on is the health source, which the features define as "no health".
 
 The modules beside this one are composition too, each joining features that may not import
 each other: :mod:`~nodeagent.agent.node_labels` (snapshot, device plugin sharing, applied MIG
@@ -42,8 +44,6 @@ from nodeagent.agent.sampler import Sampler
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.node import GpuNode
 from nodeagent.health import component as health
-from nodeagent.health.validation import GpuValidator
-from nodeagent.kube.node_patcher import KubeUnavailableError, make_api
 from nodeagent.runtime.component import Component, Idle, Reloadable
 from nodeagent.runtime.snapshots import SnapshotFeed, SnapshotStore
 from nodeagent.sharing import component as sharing
@@ -89,17 +89,17 @@ def build(
     # protocol) may choose the layout; the reconciler then waits for its first reading.
     label_protocol = config.kubernetes.enabled and config.mig.enabled
     reconciler = mig.build(config, node, lock_file=mig_lock, await_override=label_protocol)
-    mig_config_label, plugin_feed = _mig_config_label(config, reconciler, snapshots)
+    mig_config_label, plugin_feed = mig_label.build(config, reconciler, snapshots)
     labels = CapabilityLabels(feed, config, reconciler, host_root=host_root)
+    # The health source: None is the features' own "no health" (no health service, no health
+    # series, nothing withheld), which is not "healthy"; every other part is a null object.
     model = health.build_model(config)
     plugin = device_plugin.build(config, plugin_feed, model)
     dra_driver = dra.build(config, node, feed, model, mig_lock_file=mig_lock)
     # Application XIDs go to the pods of the exporter's last attribution (bound late: the
     # exporter is built next, and the attributor only reads it once events flow).
-    xids = health.build_attributor(
-        config, lambda: exporter.renderer.processes if exporter is not None else ()
-    )
-    validator: GpuValidator | None = None  # built with the health component, read late
+    xids = health.build_attributor(config, lambda: exporter.processes())
+    validator = health.build_validator(config, model, node, feed)
     exporter = exporters.build(
         config,
         feed,
@@ -109,40 +109,29 @@ def build(
         restarts=restarts,
         ready_check=ready,
         live_check=alive,
-        mig_status=reconciler.status if reconciler is not None else None,
+        mig_status=reconciler.status,
         started_at_s=started_at_s,
-        app_xids=xids.counts if xids is not None else None,
-        remediation_steps=lambda: validator.counts() if validator is not None else {},
-        validations=lambda: validator.passed() if validator is not None else {},
+        app_xids=xids.counts,
+        remediation_steps=validator.counts,
+        validations=validator.passed,
     )
-    health_component = None
-    if model is not None:
-        poller = exporter.poller if exporter is not None else None
-        gpu_state = GpuStateAnnotation(
-            feed,
-            model,
-            (lambda: poller.latest) if poller is not None else None,
-            exporter.shared_gpus if exporter is not None else None,
-        )
+    gpu_state = GpuStateAnnotation(feed, model, exporter.allocations, exporter.shared_gpus)
 
-        def annotations() -> Mapping[str, str]:
-            capacity = exporter.capacity_annotations() if exporter is not None else {}
-            return {**capacity, **gpu_state()}
+    def annotations() -> Mapping[str, str]:
+        return {**exporter.capacity_annotations(), **gpu_state()}
 
-        validator = health.build_validator(config, model, node, feed)
-        health_component = health.build(
-            config,
-            model,
-            node,
-            feed,
-            labels=labels,
-            annotations=annotations,
-            xids=xids,
-            validator=validator,
-        )
-    measured = exporter.renderer if exporter is not None else None
+    health_component = health.build(
+        config,
+        model,
+        node,
+        feed,
+        labels=labels,
+        annotations=annotations,
+        xids=xids,
+        validator=validator,
+    )
     reloading = plugin if isinstance(plugin, Reloadable) else None
-    actions = sharing.build(config, feed, reloading, measured=measured)
+    actions = sharing.build(config, feed, reloading, measured=exporter.measured)
     components: tuple[Component, ...] = tuple(
         c
         for c in (
@@ -155,37 +144,7 @@ def build(
             exporter,
             actions,
         )
-        if c is not None and not isinstance(c, Idle)
+        if not isinstance(c, Idle)
     )
     reloadables = tuple(c for c in (*components, labels) if isinstance(c, Reloadable))
     return Wired(components, reloadables)
-
-
-def _mig_config_label(
-    config: AgentConfig, reconciler: mig.MigReconciler | None, snapshots: SnapshotStore
-) -> tuple[Component, SnapshotFeed]:
-    """The `nvidia.com/mig.config` label's component, and the device plugin's snapshot feed
-    (held while a layout the label chose is applied); (idle, the store) without Kubernetes or
-    MIG management."""
-    idle = Idle(mig_label.MigConfigLabel.name)
-    if reconciler is None or not config.kubernetes.enabled:
-        return idle, snapshots
-    kube = config.kubernetes
-    try:
-        api = make_api(kube)
-    except KubeUnavailableError as exc:
-        mig_label.log.warning("label %s is not read: %s", mig_label.MIG_CONFIG_LABEL, exc)
-        reconciler.set_override(None)
-        return idle, snapshots
-    held = mig_label.HeldSnapshots(snapshots) if config.device_plugin.enabled else None
-    component = mig_label.MigConfigLabel(
-        api=api,
-        node_name=config.node_name,
-        reconciler=reconciler,
-        snapshots=snapshots,
-        held=held,
-        state_dir=config.state_dir,
-        request_timeout_s=kube.request_timeout_s,
-        layout_file=config.mig.layout_file,
-    )
-    return component, (held if held is not None else snapshots)

@@ -43,25 +43,31 @@ def slices(
     """Print the ResourceSlices the agent would publish for this node, exactly as sent.
 
     YAML documents by default, a JSON list with --json. Devices the driver prepared (read from
-    its checkpoint in the agent's state directory) are shown as the agent shows them.
+    its checkpoint in the agent's state directory) are shown as the agent shows them, and health
+    (the agent's health history, then this snapshot) taints devices as the agent does.
     """
+    from nodeagent.health.component import build_model
     from nodeagent_dra.checkpoint import read_managed
-    from nodeagent_dra.slices import SliceSpec, build_slices
+    from nodeagent_dra.slices import build_slices, slice_spec
 
     cfg = load_config_or_exit(config)
-    pool = cfg.pool
     node = open_node_or_exit(simulate, state_dir)
     try:
         snapshot = node.snapshot()
     finally:
         node.close()
-    spec = SliceSpec(
-        node_name=node_name or cfg.node_name,
-        driver=cfg.dra.driver_name,
-        pool=cfg.node.pool,
-        dynamic_mig=pool.dra.dynamic_mig if dynamic_mig is None else dynamic_mig,
-        withdraw_stranding=pool.dra.withdraw_stranding,
+    # The driver's health input as the agent holds it: the model restored from the agent's
+    # history, then this snapshot (a GPU lost now is lost here too); read-only, so the look
+    # never rewrites the running agent's files.
+    health = build_model(cfg, read_only=True)
+    if health is not None:
+        health.on_snapshot(snapshot)
+    spec = slice_spec(
+        cfg,
+        health,
         managed=read_managed(cfg.state_dir),
+        node_name=node_name,
+        dynamic_mig=dynamic_mig,
     )
     published = build_slices(snapshot, spec).slices
     if spec.dynamic_mig:

@@ -17,21 +17,57 @@ from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.schema import AgentConfig
 from nodeagent.gpu.errors import GpuLost
 from nodeagent.gpu.protocols import EventSource
-from nodeagent.health.attribution import XidAttributor
+from nodeagent.gpu.types import GpuEvent
+from nodeagent.health.attribution import XidAttributor, XidHit
 from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import Reporter
 from nodeagent.health.statefile import HEALTH_DIR, history_path, status_path
-from nodeagent.health.validation import RESETS_FILE, GpuValidator
+from nodeagent.health.validation import RESETS_FILE, GpuValidator, StepResult
 from nodeagent.kube.events import EventRecorder
 from nodeagent.kube.node_patcher import KubeUnavailableError, NodePatcher, make_api
+from nodeagent.runtime.component import Idle
 from nodeagent.runtime.snapshots import SnapshotFeed
-from nodeagent.workloads import AttributedProcess
+from nodeagent.workloads import AttributedProcess, Device, Workload
 
 log = logging.getLogger(__name__)
 
 EVENT_WAIT_S = 0.5  # how often the event thread looks at the stop flag
 
 Provider = Callable[[], Mapping[str, str]]
+
+
+class NoXidAttributor:
+    """Application XIDs not attributed (health or process attribution off): no pod is named,
+    nothing is counted or recorded."""
+
+    recorder: EventRecorder | None = None
+
+    def on_event(self, event: GpuEvent) -> list[XidHit]:
+        """Nothing: no attribution."""
+        return []
+
+    def counts(self) -> Mapping[tuple[Device, Workload, int], int]:
+        """Empty: nothing attributed."""
+        return {}
+
+    def run(self, stop: threading.Event) -> None:
+        """Nothing to record (``recorder`` is None, so the health component starts no thread)."""
+
+
+class NoValidator:
+    """Remediation off (or health off): no GPU is reset or validated, nothing is counted."""
+
+    def counts(self) -> Mapping[tuple[int, str, str, str], int]:
+        """Empty: no step ran."""
+        return {}
+
+    def passed(self) -> Mapping[str, bool]:
+        """Empty: no GPU was validated."""
+        return {}
+
+    def run_once(self) -> list[StepResult]:
+        """Nothing to run."""
+        return []
 
 
 class Resettable(Protocol):
@@ -56,8 +92,8 @@ class HealthComponent:
     events: EventSource
     snapshots: SnapshotFeed
     reporter: Reporter
-    xids: XidAttributor | None = None
-    validator: GpuValidator | None = None
+    xids: XidAttributor | NoXidAttributor = field(default_factory=NoXidAttributor)
+    validator: GpuValidator | NoValidator = field(default_factory=NoValidator)
     _ready: threading.Event = field(default_factory=threading.Event, init=False)
     _event_error: BaseException | None = field(default=None, init=False)
 
@@ -86,8 +122,7 @@ class HealthComponent:
                     continue
                 if event is not None:
                     self.model.on_event(event)
-                    if self.xids is not None:
-                        self.xids.on_event(event)
+                    self.xids.on_event(event)
         except Exception as exc:  # noqa: BLE001 - re-raised from run() for the supervisor
             # Crash the whole component so the supervisor restarts it and counts it.
             self._event_error = exc
@@ -112,9 +147,9 @@ class HealthComponent:
         )
         relay.start()
         helpers = []
-        if self.xids is not None and self.xids.recorder is not None:
+        if self.xids.recorder is not None:
             helpers.append(("health-xid-events", self.xids.run))
-        if self.validator is not None:
+        if isinstance(self.validator, GpuValidator):  # the null one has no thread to run
             helpers.append(("health-remediation", self.validator.run))
         threads = [
             threading.Thread(target=target, args=(local_stop,), name=name, daemon=True)
@@ -154,8 +189,13 @@ def make_patcher(section: KubernetesSection, node_name: str) -> NodePatcher | No
     return NodePatcher(node_name, make_api(section), request_timeout_s=section.request_timeout_s)
 
 
-def build_model(config: AgentConfig) -> HealthModel | None:
-    """The health model, with its history in the state directory; None when health is off."""
+def build_model(config: AgentConfig, *, read_only: bool = False) -> HealthModel | None:
+    """The health model, with its history in the state directory; None when health is off.
+
+    ``read_only``: a one-shot look (a command) that reads the agent's history and never writes
+    or moves its files. None stays the health *source* the features take: to them it means "no
+    health output" (no health service, no health series, nothing withheld), not "healthy".
+    """
     if not config.health.enabled:
         return None
     model = HealthModel(
@@ -163,18 +203,20 @@ def build_model(config: AgentConfig) -> HealthModel | None:
         expected_driver=config.pool.expected_driver_version,
         history_path=history_path(config.state_dir),
         status_path=status_path(config.state_dir),
+        read_only=read_only,
     )
     model.validation_hold = config.pool.remediation.enabled
     return model
 
 
 def build_validator(
-    config: AgentConfig, model: HealthModel, node: Resettable, snapshots: SnapshotFeed
-) -> GpuValidator | None:
-    """The remediation-step runner when the pool enables remediation, else None."""
+    config: AgentConfig, model: HealthModel | None, node: Resettable, snapshots: SnapshotFeed
+) -> GpuValidator | NoValidator:
+    """The remediation-step runner when the pool enables remediation and health runs (``model``
+    is not None), else one that runs nothing."""
     policy = config.pool.remediation
-    if not policy.enabled:
-        return None
+    if not policy.enabled or model is None:
+        return NoValidator()
 
     def processes(index: int) -> int:
         latest = snapshots.latest
@@ -209,30 +251,33 @@ def _recorder(config: AgentConfig, what: str) -> EventRecorder | None:
 
 def build_attributor(
     config: AgentConfig, processes: Callable[[], Sequence[AttributedProcess]]
-) -> XidAttributor | None:
-    """The application-XID attributor, with Events on pods when Kubernetes is enabled; None
-    when health or process attribution is off."""
+) -> XidAttributor | NoXidAttributor:
+    """The application-XID attributor, with Events on pods when Kubernetes is enabled; one that
+    attributes nothing when health or process attribution is off."""
     if not config.health.enabled or not config.metrics.process_attribution:
-        return None
+        return NoXidAttributor()
     return XidAttributor(processes, _recorder(config, "application XIDs"))
 
 
 def build(
     config: AgentConfig,
-    model: HealthModel,
+    model: HealthModel | None,
     events: EventSource,
     snapshots: SnapshotFeed,
     *,
     labels: Provider | None = None,
     annotations: Provider | None = None,
-    xids: XidAttributor | None = None,
-    validator: GpuValidator | None = None,
-) -> HealthComponent:
-    """The health component around ``model``.
+    xids: XidAttributor | NoXidAttributor | None = None,
+    validator: GpuValidator | NoValidator | None = None,
+) -> HealthComponent | Idle:
+    """The health component around ``model``; an idle one when health is off (``model`` is
+    None): no event thread and no reporter, so no health state file and no node condition.
 
     ``labels`` and ``annotations`` are what the node carries besides the health flags (the
     capability labels, the exporter's capacity annotations); the reporter publishes them too.
     """
+    if model is None:
+        return Idle(HealthComponent.name)
     kube = config.kubernetes
     reporter = Reporter(
         model,
@@ -244,4 +289,11 @@ def build(
         extra_labels=labels,
         extra_annotations=annotations,
     )
-    return HealthComponent(model, events, snapshots, reporter, xids, validator)
+    return HealthComponent(
+        model,
+        events,
+        snapshots,
+        reporter,
+        xids if xids is not None else NoXidAttributor(),
+        validator if validator is not None else NoValidator(),
+    )

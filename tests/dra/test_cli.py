@@ -24,7 +24,10 @@ def test_json_and_yaml_print_exactly_what_the_builder_sends(tmp_path: Path) -> N
     shape(node, "dynamic")
     expected = build_slices(node.snapshot(), SliceSpec("n1", dynamic_mig=True)).slices
     node.close()
-    common = ["dra", "slices", "--simulate", "dgx-h100", "--state-dir", str(sim)]
+    # Health off: the builder's bare spec (health input: tests/dra/test_cli_health.py).
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"version: v1\nstate_dir: {tmp_path / 'state'}\nhealth:\n  enabled: false\n")
+    common = ["dra", "slices", "--simulate", "dgx-h100", "--state-dir", str(sim), "-c", str(config)]
     as_json = run(*common, "--node-name", "n1", "--dynamic-mig", "--json")
     assert as_json.exit_code == 0, as_json.output
     assert json.loads(as_json.stdout) == list(expected)

@@ -16,6 +16,7 @@ from nodeagent.agent.sampler import Sampler
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.schema import AgentConfig, SamplerSection
 from nodeagent.gpu.node import GpuNode
+from nodeagent.runtime.component import Idle, Preparable
 from nodeagent.runtime.snapshots import SnapshotStore
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.waiting import wait_until
@@ -193,9 +194,11 @@ def test_config_validation(fields: dict, message: str) -> None:
         MetricsSection(**fields)
 
 
-def test_disabled_builds_nothing() -> None:
+def test_disabled_builds_an_idle_exporter_that_claims_no_port() -> None:
     config = AgentConfig(metrics=MetricsSection(enabled=False))
-    assert build(config, SnapshotStore()) is None
+    exporter = build(config, SnapshotStore())
+    assert isinstance(exporter, Idle)  # left out of the supervised set
+    assert not isinstance(exporter, Preparable)  # the agent claims no metrics port for it
 
 
 def test_component_renders_each_snapshot_once_and_serves_it(
