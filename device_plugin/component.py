@@ -182,13 +182,25 @@ class DevicePluginComponent:
             self.manager = None
 
 
+@dataclass(slots=True)
+class NoDevicePlugin(Idle):
+    """The device plugin turned off: no socket, and other features asking it get "no plugin"."""
+
+    def advertised(self) -> None:
+        """None, not empty: the agent runs no plugin, so the exporter exports no plugin series."""
+        return None
+
+    def reload(self, config: AgentConfig) -> None:
+        """Nothing to reload: a sharing action decided with no plugin changes no advertisement."""
+
+
 def build(
     config: AgentConfig, snapshots: SnapshotFeed, health: HealthSource | None
-) -> DevicePluginComponent | Idle:
+) -> DevicePluginComponent | NoDevicePlugin:
     """The device plugin component, or an idle one when ``device_plugin.enabled`` is false (no
     socket, nothing advertised; the agent leaves it unsupervised)."""
     section = config.device_plugin
     if not section.enabled:
-        return Idle(NAME)
+        return NoDevicePlugin(NAME)
     # gRPC reads ``unix://relative/path`` as a host name: sockets need an absolute path.
     return DevicePluginComponent(config, section.kubelet_dir.absolute(), snapshots, health)

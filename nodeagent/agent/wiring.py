@@ -22,7 +22,9 @@ health, device plugin, DRA driver, metrics, sharing actions). A feature turned o
 is absent from that list: each feature's builder makes the choice and builds a
 :class:`~nodeagent.runtime.component.Idle` component for it (the MIG reconciler's, health's and
 the exporter's null components keep their interface and report nothing, as an absent feature
-did; the XID attributor and the validator have null objects too), left out here, in one place.
+did; the device plugin's says "no plugin" to the exporter and takes a sharing action's reload
+as a no-op; the XID attributor and the validator have null objects too), left out here, in one
+place.
 The one ``None`` handed on is the health source, which the features define as "no health".
 
 The modules beside this one are composition too, each joining features that may not import
@@ -104,8 +106,7 @@ def build(
         config,
         feed,
         health=model,
-        # None tells the exporter the agent runs no plugin: it then exports no plugin series.
-        devices=plugin if isinstance(plugin, device_plugin.DevicePluginComponent) else None,
+        devices=plugin,
         restarts=restarts,
         ready_check=ready,
         live_check=alive,
@@ -130,8 +131,7 @@ def build(
         xids=xids,
         validator=validator,
     )
-    reloading = plugin if isinstance(plugin, Reloadable) else None
-    actions = sharing.build(config, feed, reloading, measured=exporter.measured)
+    actions = sharing.build(config, feed, plugin, measured=exporter.measured)
     components: tuple[Component, ...] = tuple(
         c
         for c in (

@@ -27,6 +27,10 @@ def test_disabled_in_config_builds_an_idle_component(short_dir) -> None:
     stop.set()
     component.run(stop)  # returns at once: nothing to serve
     assert list(kubelet_dir.iterdir()) == []  # no socket, no registration
+    # Other features ask it as they ask a plugin, and hear "no plugin" (not "nothing healthy").
+    assert component.advertised() is None
+    component.reload(make_config(config))
+    assert list(kubelet_dir.iterdir()) == []
 
 
 def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_dir) -> None:
