@@ -1,7 +1,7 @@
 """Cost of GPM profiling: dgx-h100 with 56 MIG instances, profiling on against off.
 
     .venv/bin/python bench/profiling_sampling.py [--seconds 30] [--rounds 40]
-                                                 [--only parts|agent] [--threads]
+                                                 [--only parts|agent] [--threads] [--spy]
 
 Node: dgx-h100 split into 56 ``1g.10gb`` instances (``exporter_node.py``), one compute process
 on each (load 0.1), so every instance has figures that move.
@@ -19,13 +19,21 @@ and the render of each snapshot, in the same run.
 sampler at 1 s, a scrape every 15 s), profiling off (the baseline: the agent started with its
 GPM reader switched off) then on. CPU is % of one core over the window after a warm-up, RSS the
 maximum.
+
+``--spy`` (with ``agent``): after each measured window, py-spy (not a project dependency: on
+PATH or beside this interpreter) samples the agent for another window, and the share of its
+samples inside the simulated NVML (``nodeagent/sim/`` frames: the Python standing in for the
+driver's C library) is printed per thread; the rest is the agent's own cost. Sampling slows
+the agent, so it never overlaps the CPU window.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -140,7 +148,49 @@ def run_parts(rounds: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_agent(seconds: float, profiling: bool, threads: bool) -> tuple[float, float]:
+SIM_FRAMES = "nodeagent/sim/"
+
+
+def py_spy() -> str:
+    """The py-spy program, or exit 2 saying how to get it."""
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise SystemExit("--spy needs py-spy: pip install py-spy (beside this interpreter)")
+    return found
+
+
+def sim_share(pid: int, seconds: float, spy: str) -> None:
+    """Sample process ``pid`` with py-spy; print each thread's samples and the simulator's part."""
+    with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+        subprocess.run(
+            [spy, "record", "--pid", str(pid), "--duration", str(round(seconds)),
+             "--rate", "200", "--format", "raw", "--threads", "--nonblocking",
+             "--output", out.name],
+            check=True, capture_output=True, timeout=seconds + 60,
+        )  # fmt: skip
+        lines = Path(out.name).read_text().splitlines()
+    total: collections.Counter[str] = collections.Counter()
+    sim: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        thread = stack.split(";", 1)[0].split(": ", 1)[-1]  # "thread (0x..): NAME" -> NAME
+        total[thread] += int(count)
+        if SIM_FRAMES in stack:
+            sim[thread] += int(count)
+    every, in_sim = sum(total.values()), sum(sim.values())
+    if not every:
+        print("  py-spy took no sample")
+        return
+    print(f"  py-spy, {every} samples: {100 * in_sim / every:.0f} % in the simulated NVML, "
+          f"{100 * (every - in_sim) / every:.0f} % the agent's own")  # fmt: skip
+    for thread, samples in total.most_common(6):
+        print(f"    {thread:26} {100 * samples / every:5.1f} % of samples, "
+              f"{100 * sim[thread] / samples:3.0f} % of them simulator")  # fmt: skip
+
+
+def run_agent(
+    seconds: float, profiling: bool, threads: bool, spy: str | None = None
+) -> tuple[float, float]:
     """The whole agent's CPU % and RSS MiB with profiling on or off."""
 
     def prepare(node: GpuNode, root: Path) -> None:
@@ -151,6 +201,9 @@ def run_agent(seconds: float, profiling: bool, threads: bool) -> tuple[float, fl
     launcher = [sys.executable, "-c", script, "on" if profiling else "off"]
     with running_agent(threads=threads, prepare=prepare, launcher=launcher) as agent:
         pct, rss, _, per_thread = measure(agent.child, agent.port, seconds, 15.0, agent.names_file)
+        if spy is not None:
+            print(f"profiling {'on' if profiling else 'off'}:")
+            sim_share(agent.child.pid, seconds, spy)
     if threads:
         print(f"  by thread, profiling {'on' if profiling else 'off'}:")
         print_threads(per_thread)
@@ -162,13 +215,17 @@ def main() -> None:
     add_window_arguments(parser, seconds=30.0)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--only", choices=("parts", "agent"))
+    parser.add_argument(
+        "--spy", action="store_true", help="also the simulator's share of the agent (py-spy)"
+    )
     args = parser.parse_args()
+    spy = py_spy() if args.spy else None
     print("machine: 2 cores (shared); simulated NVML")
     if args.only in (None, "parts"):
         run_parts(args.rounds)
     if args.only in (None, "agent"):
-        base = run_agent(args.seconds, profiling=False, threads=args.threads)
-        full = run_agent(args.seconds, profiling=True, threads=args.threads)
+        base = run_agent(args.seconds, profiling=False, threads=args.threads, spy=spy)
+        full = run_agent(args.seconds, profiling=True, threads=args.threads, spy=spy)
         print(f"whole agent, 1 s interval, {args.seconds:.0f} s window each")
         print(f"  {'':32} {'CPU % core':>10} {'RSS MiB':>8}")
         print(f"  {'profiling off (baseline)':32} {base[0]:10.2f} {base[1]:8.1f}")

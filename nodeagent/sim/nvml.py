@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from nodeagent.sim.watch import ChangeWaiter
 _MAGIC = 0x5
 _KIND_DEVICE, _KIND_MIG, _KIND_GI, _KIND_CI, _KIND_EVENTSET, _KIND_GPM_SAMPLE = 1, 2, 3, 4, 5, 6
 _SERIAL_MASK = (1 << 24) - 1
+# Handles as pynvml passes them: typed pointers (c_nvmlDevice_t, ...) or plain void pointers.
+_POINTER_TYPES = (ctypes._Pointer, ctypes.c_void_p)
 # The first driver branch with nvmlDeviceGetMemoryInfo_v2 (inferred: R470's NVML reference has
 # only nvmlMemory_t, R525's has nvmlMemory_v2_t; R510 is the branch between them that added it).
 _MEMORY_V2_BRANCH = 510
@@ -74,26 +77,49 @@ _PASSTHROUGH = frozenset(
 )  # fmt: skip
 
 
-# The NVML function the current thread called (the outermost one: aliases that call another
-# method still count as the function the caller named). Read only when a GPU has an injected
-# nvml-error fault.
-_calling = threading.local()
-
-
 def _tracked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap an NVML method so ``_live_gpu`` knows which function is being called."""
+    """Wrap an NVML method under its NVML name, so ``_called_name`` can tell which one runs.
+
+    The wrapper does nothing else: the name is only asked for on a GPU with an injected
+    nvml-error fault, so it is looked up then, not recorded on each of a pass's ~450 calls.
+    """
 
     @functools.wraps(method)
     def call(self: SimNvml, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_calling, "name", None) is not None:
-            return method(self, *args, **kwargs)
-        _calling.name = name
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            _calling.name = None
+        nvml_name = name  # noqa: F841 (a local of this frame, for _called_name to read)
+        return method(self, *args, **kwargs)
 
     return call
+
+
+_CALL_CODE = _tracked("", lambda self: None).__code__
+
+
+def _called_name() -> str | None:
+    """The NVML function the current thread's caller called: the outermost wrapper on the stack.
+
+    Aliases that call another method inside the simulator still count as the function the
+    caller named, as the driver would fail that one.
+    """
+    found: str | None = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL_CODE:
+            found = frame.f_locals["nvml_name"]
+        frame = frame.f_back  # type: ignore[assignment]
+    return found
+
+
+def _address(handle: Any) -> int | None:
+    """The address a handle holds (None for NULL); INVALID_ARGUMENT for what is not one."""
+    if isinstance(handle, _POINTER_TYPES):
+        # The pointer's own bytes read as an address: what ``cast`` returns for a pointer,
+        # without its Python-level wrapper (a quarter of a cheap call's cost before).
+        return ctypes.c_void_p.from_buffer(handle).value
+    try:  # anything else a caller may pass: an int, or a wrong object
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
 
 
 def _fixed_gpu_reading(value: int, doc: str) -> Callable[[SimNvml, Any], int]:
@@ -274,10 +300,7 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED) from None
 
     def _decode(self, handle: Any, *kinds: int) -> tuple[int, int, int, int, int]:
-        try:
-            address = ctypes.cast(handle, ctypes.c_void_p).value
-        except (ctypes.ArgumentError, TypeError):
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        address = _address(handle)
         if address is None or address >> 60 != _MAGIC:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         kind = (address >> 56) & 0xF
@@ -301,7 +324,7 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         broken: dict[str, int] | None = faults.get("nvml_errors")
         if broken:
-            code = broken.get(getattr(_calling, "name", None) or "")
+            code = broken.get(_called_name() or "")
             if code is not None:
                 raise _err(code)  # injected: this function fails on this GPU's handles
         return gpu
@@ -1076,10 +1099,7 @@ class SimNvml:
 
     def _gpm_address(self, sample: Any) -> int:
         """The address of an allocated sample buffer; INVALID_ARGUMENT for anything else."""
-        try:
-            address = ctypes.cast(sample, ctypes.c_void_p).value
-        except (ctypes.ArgumentError, TypeError):
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT) from None
+        address = _address(sample)
         if address is None or address not in self._gpm_samples:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return address

@@ -191,8 +191,9 @@ class StateStore:
         self._mutex = threading.RLock()
         self._cached: State | None = None
         self._stamp: tuple[int, int, int] | None = None
-        self._checked_at = -1.0  # monotonic time of the last stat
-        self._seen_writes = 0  # _LOCAL_WRITES[path] when the cache was last checked
+        # (state, monotonic time of the last stat, _LOCAL_WRITES[path] then) as one value: what
+        # read()'s lock-free check reads.
+        self._trusted: tuple[State, float, int] | None = None
         self._key = os.path.abspath(self.path)
         self._swept = False
 
@@ -218,31 +219,29 @@ class StateStore:
         Raises SimStateError when there is no state file or it cannot be parsed.
         """
         now = time.monotonic()
-        with self._mutex:
-            # One agent pass makes ~1,000 NVML calls within a few milliseconds: one stat per
-            # STAT_TTL_S serves them all. Another process's change is seen at most that late;
-            # this process's own writes drop the cache at once.
-            local_writes = _LOCAL_WRITES.get(self._key, 0)
-            if (
-                not fresh
-                and self._cached is not None
-                and now - self._checked_at < STAT_TTL_S
-                and local_writes == self._seen_writes
-            ):
-                return self._cached
+        # One agent pass makes ~1,000 NVML calls within a few milliseconds: one stat per
+        # STAT_TTL_S serves them all. Another process's change is seen at most that late;
+        # this process's own writes drop the cache at once. The check reads one immutable
+        # tuple, so it needs no lock (it was a third of a cheap NVML call's cost).
+        local_writes = _LOCAL_WRITES.get(self._key, 0)
+        trusted = self._trusted
+        if (
+            not fresh
+            and trusted is not None
+            and now - trusted[1] < STAT_TTL_S
+            and local_writes == trusted[2]
+        ):
+            return trusted[0]
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
             raise SimStateError(f"no simulated node in {self.state_dir}") from None
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         with self._mutex:
-            self._checked_at = now
-            self._seen_writes = local_writes
-            if self._cached is not None and stamp == self._stamp:
-                return self._cached
-            state = self._load()
-            self._cached, self._stamp = state, stamp
-            return state
+            if self._cached is None or stamp != self._stamp:
+                self._cached, self._stamp = self._load(), stamp
+            self._trusted = (self._cached, now, local_writes)
+            return self._cached
 
     def _load(self) -> State:
         try:
@@ -333,7 +332,7 @@ class StateStore:
         write_json_atomic(self.path, state, durable=False, compact=True)
         with self._mutex:
             # The next read() re-stats and reloads; drop the cache so it cannot be reused.
-            self._cached, self._stamp = None, None
+            self._cached, self._stamp, self._trusted = None, None, None
             _LOCAL_WRITES[self._key] = _LOCAL_WRITES.get(self._key, 0) + 1
 
 

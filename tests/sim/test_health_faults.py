@@ -7,6 +7,7 @@ GPU and not on its neighbour, and ``clear`` ends the ones that are states, not c
 from __future__ import annotations
 
 import json
+import threading
 
 import pynvml
 import pytest
@@ -145,6 +146,29 @@ def test_nvml_error_names_the_function_the_caller_called(make_sim, control_for):
     with pytest.raises(pynvml.NVMLError_Timeout):
         sim.nvmlDeviceGetEnforcedPowerLimit(handle)
     assert sim.nvmlDeviceGetPowerManagementLimit(handle) > 0
+
+
+def test_nvml_error_fails_on_a_thread_that_never_called_before(make_sim, control_for):
+    # The called function is found on the calling thread's own stack, so a thread that never
+    # called before is failed too, and its next call to another function is not.
+    sim = make_sim("t4")
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    control_for(sim).inject("nvml-error", 0, function="nvmlDeviceGetTemperature")
+    seen: list[BaseException | int] = []
+
+    def read() -> None:
+        try:
+            seen.append(sim.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+        except pynvml.NVMLError as exc:
+            seen.append(exc)
+        seen.append(sim.nvmlDeviceGetPowerUsage(handle))  # the name was reset after the call
+
+    worker = threading.Thread(target=read)
+    worker.start()
+    worker.join(10)
+    assert isinstance(seen[0], pynvml.NVMLError_Timeout)
+    assert isinstance(seen[1], int)
+    assert seen[1] > 0
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -164,6 +165,37 @@ def test_a_sampling_pass_is_cheap(make_sim, control_for):
     elapsed = time.perf_counter() - start
     assert calls >= 190
     assert elapsed < 0.05, f"{calls} calls took {elapsed * 1000:.1f} ms"
+
+
+def test_a_handle_is_read_the_same_in_every_form_and_a_wrong_one_is_invalid(make_sim):
+    # pynvml passes typed pointers; the C library's callers and tools may pass a void pointer
+    # or the bare address. Anything that is not an address is INVALID_ARGUMENT, as the driver.
+    sim = make_sim("t4")
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    address = ctypes.cast(handle, ctypes.c_void_p).value
+    assert address is not None
+    uuid = sim.nvmlDeviceGetUUID(handle)
+    assert sim.nvmlDeviceGetUUID(ctypes.c_void_p(address)) == uuid
+    assert sim.nvmlDeviceGetUUID(address) == uuid
+    for wrong in (
+        "GPU-0",
+        ctypes.c_uint(5),
+        ctypes.c_void_p(None),
+        ctypes.c_void_p(address ^ 1 << 62),
+    ):
+        with pytest.raises(pynvml.NVMLError_InvalidArgument):
+            sim.nvmlDeviceGetUUID(wrong)
+
+
+def test_this_process_s_change_is_seen_at_once(make_sim, control_for):
+    # Reads trust a stat for a couple of milliseconds; a write through another store of this
+    # process must not wait for that.
+    sim = make_sim("dgx-a100")
+    handle = sim.nvmlDeviceGetHandleByIndex(1)
+    assert sim.nvmlDeviceGetComputeRunningProcesses(handle) == []
+    for _ in range(3):
+        pid = control_for(sim).add_process(1, used_memory_mib=512)
+        assert pid in [p.pid for p in sim.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
 def test_compat_module_stands_in_for_pynvml(tmp_path, monkeypatch):
