@@ -55,15 +55,8 @@ from nodeagent.agent.simulated import SimulatedCluster
 from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, decode, encode
 from nodeagent_tiering.cluster.clusterfile import ClusterFile, load_cluster
-from nodeagent_tiering.cluster.view import (
-    KUEUE_GATE,
-    ClusterView,
-    NodeInfo,
-    PodInfo,
-    Scheduled,
-    Taint,
-    Toleration,
-)
+from nodeagent_tiering.cluster.nodes import Node, Taint
+from nodeagent_tiering.cluster.view import KUEUE_GATE, ClusterView, PodInfo, Scheduled, Toleration
 from nodeagent_tiering.pending.diagnosis import Diagnoser
 from nodeagent_tiering.pending.results import Settings
 from nodeagent_tiering.simulate import simulate
@@ -96,7 +89,7 @@ def build(nodes: int, pods: int, pending: int, seed: int) -> ClusterView:
     rng = random.Random(seed)
     geo = h100_geometry()
     sizes = {p.name: p.placements[0].size for p in geo.profiles}
-    infos: list[NodeInfo] = []
+    infos: list[Node] = []
     running: list[PodInfo] = []
     n_pod = 0
 
@@ -161,13 +154,13 @@ def build(nodes: int, pods: int, pending: int, seed: int) -> ClusterView:
         # interns them).
         state = decode(encode(state))
         infos.append(
-            NodeInfo(
+            Node(
                 name,
-                {lbl.TIER: tier, "kubernetes.io/hostname": name, "team-pool": f"p{i % 3}"},
-                taints,
-                cordoned,
-                allocatable,
-                state,
+                labels={lbl.TIER: tier, "kubernetes.io/hostname": name, "team-pool": f"p{i % 3}"},
+                taints=taints,
+                unschedulable=cordoned,
+                allocatable=allocatable,
+                published=state,
             )
         )
     while len(running) < pods:  # the rest of the cluster's pods use no GPU

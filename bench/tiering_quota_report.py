@@ -35,10 +35,10 @@ from tiering_common import count_options
 
 from nodeagent.testing.kueue_month import simulate
 from nodeagent_tiering.cluster import kueue
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.review.build import assemble_review
 from nodeagent_tiering.review.inputs import ReviewInputs, gc_paused
-from nodeagent_tiering.review.quota import QuotaSection
+from nodeagent_tiering.review.quota_section import QuotaSection
 from nodeagent_tiering.review.render import render_html, table_rows
 from nodeagent_tiering.review.tiers import build_review
 
@@ -77,7 +77,7 @@ def baseline(bodies: dict[str, bytes], now_s: float, period_s: float) -> float:
     nodes = json.loads(bodies["nodes"])["items"]
     events = json.loads(bodies["events"])["items"]
     review = build_review(
-        [NodeView.from_object(o) for o in nodes],
+        [Node.from_object(o) for o in nodes],
         events,
         policy=None,
         now_s=now_s,

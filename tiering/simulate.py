@@ -16,7 +16,7 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.cluster import JSON
-from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
+from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, Node, Phase
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.cluster.view import view_from_objects
 from nodeagent_tiering.drain.planner import BreakerState, Release, SetTier, StartDrain, plan
@@ -43,9 +43,9 @@ def _apply(
 ) -> tuple[tuple[str, ...], list[JSON]]:
     """Plan tiers and drains, and make the node writes the controller would make."""
     objects = [copy.deepcopy(dict(n)) for n in nodes]
-    views = [NodeView.from_object(o) for o in objects]
+    views = [Node.from_object(o) for o in objects]
     result = plan(views, policy, now_s, BreakerState(), {}, None)
-    by_name = {o["metadata"]["name"]: o for o in objects}
+    by_name = {v.name: o for v, o in zip(views, objects, strict=True)}
     lines = []
     for action in result.actions:
         obj = by_name[action.node]

@@ -19,7 +19,7 @@ from nodeagent.sim.control import SimControl
 from nodeagent.testing.kube import waiting
 from nodeagent.testing.kube.processes import SimulatedAgent, TieringService
 from nodeagent.testing.waiting import wait_until
-from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, NodeView
+from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, Node
 from tests.tiering.conftest import LEASE_NAMESPACE, gpu_labels
 
 NODE = "dgx-1"
@@ -53,10 +53,10 @@ def test_xid79_quarantines_drains_and_returns_the_node(
         model.tick()
         reporter.report_once()
 
-    def tiering_pass() -> NodeView:
+    def tiering_pass() -> Node:
         ctl.cache.relist()
         ctl.reconcile_once()
-        return NodeView.from_object(cluster.node(NODE))
+        return Node.from_object(cluster.node(NODE))
 
     agent_pass()
     view = tiering_pass()
@@ -69,7 +69,7 @@ def test_xid79_quarantines_drains_and_returns_the_node(
     assert view.condition_status == "False", "the agent flagged the node"
     assert view.unschedulable
     assert view.labels[lbl.TIER] == "quarantine"
-    assert any(t["key"] == "nodeagent.io/quarantine" for t in view.taints)
+    assert any(t.key == "nodeagent.io/quarantine" for t in view.taints)
     tiering_pass()  # evicts
     cluster.wait_gone("trainer-0")
     clock.advance(2)
@@ -78,7 +78,7 @@ def test_xid79_quarantines_drains_and_returns_the_node(
     assert view.drain is not None
     assert view.drain.phase.value == "drained"
     assert "Xid" in view.drain.cause or "GPU" in view.drain.cause
-    others = [NodeView.from_object(cluster.node(f"dgx-{i}")) for i in (2, 3, 4)]
+    others = [Node.from_object(cluster.node(f"dgx-{i}")) for i in (2, 3, 4)]
     assert not any(o.unschedulable for o in others), "one drain at a time, tier kept"
 
     # The fault clears (the node was rebooted). It must stay clear for the recovery period.
@@ -181,7 +181,7 @@ def test_xid_on_a_running_agent_ends_in_a_real_drain(cluster, kube_identities, t
             ),
             what=lambda: f"tiering service: node {name} drained\n{service.log()}",
         )
-    record = NodeView.from_object(drained).drain
+    record = Node.from_object(drained).drain
     assert record is not None
     assert record.evicted == 2
     assert record.blocked >= 1, "the budget refused the second trainer at first"

@@ -3,7 +3,7 @@
 The agent side is the real code (capability labels, the health reporter's flags, its node
 patcher under the agent's ServiceAccount); the node object is what the real API server returns
 after the agent's patches (it refuses a label value Kubernetes does not allow); the tiering side
-is its NodeView and selectors. Every label the agent owns goes through, with values that need
+is its Node and selectors. Every label the agent owns goes through, with values that need
 the sanitiser.
 """
 
@@ -21,7 +21,7 @@ from nodeagent.health.model import HealthModel
 from nodeagent.health.reporter import desired_flags
 from nodeagent.kube.node_patcher import NodeFlags, NodePatcher, make_api
 from nodeagent.sim.control import SimControl
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.tier_policy import Operator, Requirement, Selector, Stability
 
 # Kubernetes' rule for a label value (apimachinery validation.IsValidLabelValue).
@@ -68,11 +68,11 @@ def test_every_agent_label_reads_back_in_tiering(
     always = [k for k in lbl.AGENT_LABELS if k not in lbl.GPU_MIG_ATTRIBUTE_LABELS]
     assert set(always) <= set(written), "an agent label is never written"
     node = published(control_plane, kube_nodes, kube_identities, flags)
-    view = NodeView.from_object(node)
+    view = Node.from_object(node)
     assert written.items() <= view.labels.items()
     assert set(view.labels) - set(written) == {"kubernetes.io/hostname", "kubernetes.io/os",
                                                "test.nodeagent.io/owner"}  # fmt: skip
-    assert bool([t for t in view.taints if t["key"] == lbl.UNSTABLE_TAINT]) is flags.taint
+    assert bool([t for t in view.taints if t.key == lbl.UNSTABLE_TAINT]) is flags.taint
     for key in always:
         value = written[key]
         assert len(value) <= 63, f"{key}={value!r}"

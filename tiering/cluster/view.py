@@ -1,128 +1,29 @@
 """The cluster as the pending-workload diagnosis sees it, parsed once from API objects.
 
-Nodes carry what their agents published (labels, the ``nodeagent.io/gpu-state`` annotation,
-allocatable ``nvidia.com/*`` resources), pods their GPU requests and scheduling constraints,
-Kueue Workloads their quota state. Everything is plain frozen data: the diagnosis
-(:mod:`nodeagent_tiering.pending.diagnosis`) is a pure function of a :class:`ClusterView`,
-fed by the service's caches, by ``why-pending`` from one list of each kind, or by
-``simulate`` from a cluster file.
+Nodes are the floor's one parsed :class:`~nodeagent_tiering.cluster.nodes.Node` (labels, taints,
+the ``nodeagent.io/gpu-state`` annotation, allocatable ``nvidia.com/*`` resources); pods carry
+their GPU requests and scheduling constraints, Kueue Workloads their quota state. Everything is
+plain frozen data: the diagnosis (:mod:`nodeagent_tiering.pending.diagnosis`) is a pure function
+of a :class:`ClusterView`, fed by the service's caches, by ``why-pending`` from one list of each
+kind, or by ``simulate`` from a cluster file.
 """
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent import labels as lbl
-from nodeagent.published import PublishedError, PublishedNode, decode
-from nodeagent_tiering.cluster import units
+from nodeagent_tiering.cluster import kueue, units
 from nodeagent_tiering.cluster.cluster_api import Kube
-from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION
+from nodeagent_tiering.cluster.nodes import QUOTA_RESOURCE, Node, Taint, resource_kind
 from nodeagent_tiering.cluster.tier_policy import Operator, Requirement
 from nodeagent_tiering.cluster.units import parse_time
 
-GPU_RESOURCE = "nvidia.com/gpu"
-SHARED_SUFFIX = ".shared"
-MIG_PREFIX = "nvidia.com/mig-"
 KUEUE_GATE = "kueue.x-k8s.io/admission"  # the scheduling gate Kueue's pod integration sets
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-_MIG_NAME = re.compile(r"^(\d+g\.\d+gb)(?:\.(.+))?$")
-
-
-class Kind(enum.StrEnum):
-    """What a GPU resource name counts."""
-
-    GPU = "gpu"  # whole GPUs (nvidia.com/gpu)
-    MIG = "mig"  # MIG instances of one profile (nvidia.com/mig-<profile>)
-    SHARED = "shared"  # replicas of a shared GPU or MIG device (<name>.shared)
-
-
-def resource_kind(name: str) -> tuple[Kind, str | None] | None:
-    """The kind of a GPU resource and its MIG profile; ``None`` for anything else.
-
-    ``nvidia.com/mig-1g.10gb.me`` is profile ``1g.10gb+me`` (the device plugin writes ``+`` as
-    ``.``, as NVIDIA's plugin does).
-    """
-    if name.endswith(SHARED_SUFFIX):
-        base = name.removesuffix(SHARED_SUFFIX)
-        return (Kind.SHARED, None) if resource_kind(base) is not None else None
-    if name == GPU_RESOURCE:
-        return Kind.GPU, None
-    if name.startswith(MIG_PREFIX):
-        match = _MIG_NAME.match(name.removeprefix(MIG_PREFIX))
-        if match is None:
-            return None
-        profile = match.group(1) + (f"+{match.group(2)}" if match.group(2) else "")
-        return Kind.MIG, profile
-    return None
-
-
-# --- nodes --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    """A node taint."""
-
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    """One node: scheduling facts and what its agent published."""
-
-    name: str
-    labels: dict[str, str]
-    taints: tuple[Taint, ...] = ()
-    unschedulable: bool = False
-    allocatable: Mapping[str, int] = field(default_factory=dict)  # GPU resources only
-    published: PublishedNode | None = None
-    published_error: str | None = None  # why the annotation could not be read
-    draining: bool = False  # the tiering service's drain record is on it
-
-    @property
-    def tier(self) -> str:
-        """The tier label the service wrote, ``none`` without one."""
-        return self.labels.get(lbl.TIER) or "none"
-
-
-def node_from_object(obj: Mapping[str, Any]) -> NodeInfo:
-    """Parse a Node (a dict as the API server returns it)."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    allocatable = {
-        k: units.count(v)
-        for k, v in (status.get("allocatable") or {}).items()
-        if resource_kind(k) is not None
-    }
-    published = error = None
-    text = annotations.get(lbl.GPU_STATE_ANNOTATION)
-    if text is not None:
-        try:
-            published = decode(text)
-        except PublishedError as exc:
-            error = str(exc)
-    return NodeInfo(
-        name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
-        taints=tuple(
-            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
-            for t in spec.get("taints") or ()
-        ),
-        unschedulable=bool(spec.get("unschedulable")),
-        allocatable=allocatable,
-        published=published,
-        published_error=error,
-        draining=DRAIN_ANNOTATION in annotations,
-    )
 
 
 # --- pods ---------------------------------------------------------------------------------------
@@ -153,7 +54,7 @@ class Term:
     expressions: tuple[Requirement, ...] = ()
     fields: tuple[Requirement, ...] = ()  # matchFields; only metadata.name exists
 
-    def matches(self, node: NodeInfo) -> bool:
+    def matches(self, node: Node) -> bool:
         """Whether the node satisfies this term."""
         if not all(r.matches(node.labels) for r in self.expressions):
             return False
@@ -189,6 +90,13 @@ class PodInfo:
     owners: tuple[str, ...] = ()  # owner reference UIDs
     created_s: float | None = None
     deleting: bool = False
+    # The containers' requests (a limit without one) of the resources Kueue quota counts,
+    # summed without the init containers: what the pool review's GPU pods are told by.
+    quota_requests: Mapping[str, float] = field(default_factory=dict)
+    started_s: float | None = None  # status.startTime
+    ended_s: float | None = None  # a finished pod's end (see _end_time); None while it runs
+    disruption: str | None = None  # the reason of a true DisruptionTarget condition
+    reason: str = ""  # status.reason ("Evicted" after node pressure)
 
     @property
     def key(self) -> str:
@@ -254,25 +162,48 @@ def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     return {k: v for k, v in total.items() if v > 0}
 
 
+def _end_time(status: Mapping[str, Any]) -> float | None:
+    """When a finished pod ended: its last container's ``finishedAt``, else the time of its
+    ``DisruptionTarget`` or ``Ready`` condition (a pod killed before its containers ran)."""
+    ends = [
+        parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for cs in status.get("containerStatuses") or ()
+    ]
+    found = [e for e in ends if e is not None]
+    if found:
+        return max(found)
+    for cond in status.get("conditions") or ():
+        if cond.get("type") in ("DisruptionTarget", "Ready"):
+            when = parse_time(cond.get("lastTransitionTime"))
+            if when is not None:
+                return when
+    return None
+
+
 def pod_from_object(obj: Mapping[str, Any]) -> PodInfo:
     """Parse a Pod (a dict as the API server returns it)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     scheduled = None
+    disruption = None
     for cond in status.get("conditions") or ():
-        if cond.get("type") == "PodScheduled":
+        kind = cond.get("type")
+        if kind == "PodScheduled":
             scheduled = Scheduled(
                 str(cond.get("status", "")),
                 str(cond.get("reason") or ""),
                 str(cond.get("message") or ""),
             )
+        elif kind == "DisruptionTarget" and cond.get("status") == "True" and disruption is None:
+            disruption = str(cond.get("reason") or "")
+    phase = str(status.get("phase") or "Pending")
     return PodInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid") or ""),
         node_name=spec.get("nodeName") or None,
-        phase=str(status.get("phase") or "Pending"),
+        phase=phase,
         requests=pod_requests(spec),
         node_selector=dict(spec.get("nodeSelector") or {}),
         affinity=_affinity(spec),
@@ -292,6 +223,12 @@ def pod_from_object(obj: Mapping[str, Any]) -> PodInfo:
         owners=tuple(str(o.get("uid", "")) for o in meta.get("ownerReferences") or ()),
         created_s=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
+        quota_requests=request_amounts(obj, QUOTA_RESOURCE),
+        started_s=parse_time(status.get("startTime")),
+        # Only a finished pod has an end; a running one's Ready time is not read for nothing.
+        ended_s=_end_time(status) if phase in ("Succeeded", "Failed") else None,
+        disruption=disruption,
+        reason=str(status.get("reason") or ""),
     )
 
 
@@ -310,6 +247,15 @@ class WorkloadInfo:
     quota_reserved: str = ""  # "True" / "False" / "" (no condition yet)
     reason: str = ""
     message: str = ""
+    created_s: float | None = None
+    # When it (last) entered the queue: the Requeued condition's time when it was requeued, as
+    # Kueue itself measures waits, else its creation.
+    queued_s: float | None = None
+    reserved_s: float | None = None  # the QuotaReserved=True transition
+    finished: str = ""  # the Finished condition's status, "" without one
+    finished_s: float | None = None  # the Finished=True transition
+    preempted: str | None = None  # the reason of a true Preempted condition
+    pod_sets: tuple[PodSetAssignment, ...] = ()  # status.admission.podSetAssignments
 
     @property
     def key(self) -> str:
@@ -317,26 +263,122 @@ class WorkloadInfo:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class PodSetAssignment:
+    """One pod set of a Workload's admission: its pods, and per resource the flavor and the
+    amount (quota resources only: the review reads 100,000 of them)."""
+
+    count: int
+    flavors: tuple[tuple[str, str], ...]  # (resource, flavor)
+    usage: Mapping[str, float]  # resource -> resourceUsage of the whole pod set
+
+
+def _pod_count(value: Any) -> int:
+    """A pod set's ``count`` (an integer field, not a quantity), at least 1."""
+    try:
+        return max(1, int(value or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _pod_sets(admission: Mapping[str, Any]) -> tuple[PodSetAssignment, ...]:
+    out = []
+    for ps in admission.get("podSetAssignments") or ():
+        assigned = ps.get("flavors") or {}
+        flavors = tuple((str(r), str(f)) for r, f in assigned.items() if QUOTA_RESOURCE.match(r))
+        usage = ps.get("resourceUsage") or {}
+        out.append(
+            PodSetAssignment(
+                count=_pod_count(ps.get("count")),
+                flavors=flavors,
+                usage={r: units.amount_or_zero(usage.get(r)) for r, _ in flavors},
+            )
+        )
+    return tuple(out)
+
+
 def workload_from_object(obj: Mapping[str, Any]) -> WorkloadInfo:
     """Parse a kueue.x-k8s.io Workload (v1beta1 or v1beta2: the fields read are in both)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    quota = reason = message = ""
+    quota = reason = message = finished = ""
+    reserved_at = requeued = finished_s = preempted = None
+    has_requeued = False
     for cond in status.get("conditions") or ():
-        if cond.get("type") == "QuotaReserved":
+        kind = cond.get("type")
+        if kind == "QuotaReserved":
             quota = str(cond.get("status", ""))
             reason = str(cond.get("reason") or "")
             message = str(cond.get("message") or "")
+            reserved_at = cond.get("lastTransitionTime")
+        elif kind == "Requeued":
+            has_requeued = True
+            requeued = parse_time(cond.get("lastTransitionTime"))
+        elif kind == "Finished":
+            finished = str(cond.get("status", ""))
+            if finished == "True":
+                finished_s = parse_time(cond.get("lastTransitionTime"))
+        elif kind == "Preempted" and cond.get("status") == "True":
+            preempted = str(cond.get("reason") or "Preempted")
+    created = parse_time(meta.get("creationTimestamp"))
+    admission = status.get("admission") or {}
     return WorkloadInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name", "")),
         owners=tuple(str(o.get("uid", "")) for o in meta.get("ownerReferences") or ()),
         queue=str(spec.get("queueName") or ""),
-        cluster_queue=str((status.get("admission") or {}).get("clusterQueue") or ""),
+        cluster_queue=str(admission.get("clusterQueue") or ""),
         quota_reserved=quota,
         reason=reason,
         message=message,
+        created_s=created,
+        queued_s=requeued if has_requeued else created,
+        reserved_s=parse_time(reserved_at) if quota == "True" else None,
+        finished=finished,
+        finished_s=finished_s,
+        preempted=preempted,
+        pod_sets=_pod_sets(admission) if quota == "True" else (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterQueueInfo:
+    """A Kueue ClusterQueue: its quota per flavor and resource, and what Kueue counts now."""
+
+    name: str
+    labels: Mapping[str, str]
+    cohort: str | None
+    nominal: Mapping[tuple[str, str], float]  # (flavor, resource) -> nominalQuota
+    lending: Mapping[tuple[str, str], float]  # lendingLimit, where set
+    usage: tuple[tuple[str, float, float], ...]  # status.flavorsUsage: (resource, total, borrowed)
+
+
+def cluster_queue_from_object(obj: Mapping[str, Any]) -> ClusterQueueInfo:
+    """Parse a kueue.x-k8s.io ClusterQueue (v1beta1 or v1beta2)."""
+    meta = obj.get("metadata") or {}
+    nominal: dict[tuple[str, str], float] = {}
+    lending: dict[tuple[str, str], float] = {}
+    for flavor, resource, entry in kueue.flavor_quotas(obj):
+        nominal[(flavor, resource)] = units.amount_or_zero(entry.get("nominalQuota"))
+        if entry.get("lendingLimit") is not None:
+            lending[(flavor, resource)] = units.amount_or_zero(entry.get("lendingLimit"))
+    usage = tuple(
+        (
+            str(r.get("name")),
+            units.amount_or_zero(r.get("total")),
+            units.amount_or_zero(r.get("borrowed")),
+        )
+        for fu in (obj.get("status") or {}).get("flavorsUsage") or ()
+        for r in fu.get("resources") or ()
+    )
+    return ClusterQueueInfo(
+        name=str(meta.get("name")),
+        labels=dict(meta.get("labels") or {}),
+        cohort=kueue.cohort_of(obj),
+        nominal=nominal,
+        lending=lending,
+        usage=usage,
     )
 
 
@@ -347,7 +389,7 @@ def workload_from_object(obj: Mapping[str, Any]) -> WorkloadInfo:
 class ClusterView:
     """Nodes, pods and (when Kueue is installed) Workloads, as of one moment."""
 
-    nodes: tuple[NodeInfo, ...]
+    nodes: tuple[Node, ...]
     pods: tuple[PodInfo, ...]
     workloads: tuple[WorkloadInfo, ...] = ()
     kueue: bool = False  # the Kueue API is served (its Workloads were read)
@@ -360,7 +402,7 @@ def view_from_objects(
 ) -> ClusterView:
     """A view from raw API objects (``workloads=None``: the Kueue API is absent)."""
     return ClusterView(
-        nodes=tuple(node_from_object(n) for n in nodes),
+        nodes=tuple(Node.from_object(n) for n in nodes),
         pods=tuple(pod_from_object(p) for p in pods),
         workloads=tuple(workload_from_object(w) for w in workloads or ()),
         kueue=workloads is not None,

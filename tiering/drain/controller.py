@@ -20,7 +20,7 @@ from nodeagent.runtime.backoff import Backoff
 from nodeagent_tiering.cluster.clock import Clock
 from nodeagent_tiering.cluster.cluster_api import Kube, KubeError, ObjectRef
 from nodeagent_tiering.cluster.informer import NodeCache
-from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, NodeView, Phase
+from nodeagent_tiering.cluster.nodes import DRAIN_ANNOTATION, DrainRecord, Node, Phase
 from nodeagent_tiering.cluster.tier_policy import Stability, TierPolicy, resolve
 from nodeagent_tiering.drain import remediation as single_gpu
 from nodeagent_tiering.drain.leader import LeaderElector
@@ -101,10 +101,10 @@ class Controller:
         now = self.clock()
         if self.elector is not None:
             self.breaker = self.elector.breaker
-        nodes = [NodeView.from_object(o) for o in self.cache.snapshot()]
+        nodes = [Node.from_object(o) for o in self.cache.snapshot()]
         remediation = self.policy.gpu_remediation
         if remediation.enabled:
-            nodes = [single_gpu.as_planned(n, remediation.max_gpus) for n in nodes]
+            nodes = [n.as_planned(remediation) for n in nodes]
         self._track_instability(nodes, now)
         last = self._last_drain_start
         for n in nodes:
@@ -149,7 +149,7 @@ class Controller:
         self.last_plan = result
         return result
 
-    def _track_instability(self, nodes: list[NodeView], now: float) -> None:
+    def _track_instability(self, nodes: list[Node], now: float) -> None:
         # Nodes already unstable when this replica starts count as old news: a failover or a
         # restart must not look like a storm and trip the breaker.
         seen = now if self._seeded else float("-inf")
@@ -186,7 +186,7 @@ class Controller:
 
     # writes
 
-    def _write(self, node: NodeView, patch: dict[str, Any], what: str, *, guard: bool) -> bool:
+    def _write(self, node: Node, patch: dict[str, Any], what: str, *, guard: bool) -> bool:
         if self.dry_run:
             self.dry_log.add(f"{what} on node {node.name}")
             return False
@@ -213,27 +213,27 @@ class Controller:
             about, reason, message, warning=warning, now_s=now, component=COMPONENT
         )
 
-    def _latest(self, node: NodeView) -> NodeView:
+    def _latest(self, node: Node) -> Node:
         """The node as last seen: a write earlier in this pass (a drain start, a release, a
         step) may have changed it since the plan's view, and an unguarded write built on the
         plan's view would undo that write or repeat it."""
         obj = self.cache.get(node.name)
-        return node if obj is None else NodeView.from_object(obj)
+        return node if obj is None else Node.from_object(obj)
 
-    def _set_tier(self, node: NodeView, tier: str | None) -> None:
+    def _set_tier(self, node: Node, tier: str | None) -> None:
         if self._latest(node).labels.get(lbl.TIER) == tier:
             return  # a drain start or a release in this pass wrote it already
         self._write(
             node, {"metadata": {"labels": {lbl.TIER: tier}}}, f"set tier {tier}", guard=False
         )
 
-    def _taints_with(self, node: NodeView) -> list[dict[str, Any]]:
+    def _taints_with(self, node: Node) -> list[dict[str, Any]]:
         key = self.policy.drain.taint_key
-        taints = [dict(t) for t in node.taints if t.get("key") != key]
+        taints = [t.to_object() for t in node.taints if t.key != key]
         taints.append({"key": key, "value": "unstable", "effect": self.policy.drain.taint_effect})
         return taints
 
-    def _start_drain(self, node: NodeView, action: StartDrain, now: float) -> None:
+    def _start_drain(self, node: Node, action: StartDrain, now: float) -> None:
         record = DrainRecord(
             phase=Phase.DRAINING,
             tier=action.tier,
@@ -271,7 +271,7 @@ class Controller:
         phase = (pod.get("status") or {}).get("phase")
         return phase not in ("Succeeded", "Failed")
 
-    def _step_drain(self, node: NodeView, now: float) -> None:
+    def _step_drain(self, node: Node, now: float) -> None:
         record = self._latest(node).drain  # with a recovery clock started in this pass
         if record is None or now < self._next_step.get(node.name, float("-inf")):
             return
@@ -355,7 +355,7 @@ class Controller:
 
     # single-GPU remediation
 
-    def _remediate_gpus(self, nodes: list[NodeView], now: float) -> None:
+    def _remediate_gpus(self, nodes: list[Node], now: float) -> None:
         """Evict the pods of faulty GPUs on otherwise fine nodes (see drain.remediation)."""
         max_gpus = self.policy.gpu_remediation.max_gpus
         busy = single_gpu.in_progress(nodes) + sum(
@@ -367,11 +367,7 @@ class Controller:
             limit = max(1, limit)  # as for drains: a percentage allows at least one
         for node in nodes:
             records = single_gpu.read_records(node)
-            faulty = (
-                {g.index: g for g in single_gpu.faulty_gpus(node)}
-                if single_gpu.eligible(node, max_gpus)
-                else {}
-            )
+            faulty = {g.index: g for g in node.faulty_gpus} if node.remediable(max_gpus) else {}
             updated = dict(records)
             for index in [i for i in records if i not in faulty]:
                 # Healthy again (or the node is drained as a whole now): forget it.
@@ -429,7 +425,7 @@ class Controller:
 
     def _evict_gpu_pods(
         self,
-        node: NodeView,
+        node: Node,
         index: int,
         held: tuple[str, ...],
         record: single_gpu.GpuRecord,
@@ -488,7 +484,7 @@ class Controller:
         for key in [k for k in self._backoff if k[0] == name]:
             self._backoff.pop(key, None)
 
-    def _mark_stable(self, node: NodeView, since: float | None, now: float) -> None:
+    def _mark_stable(self, node: Node, since: float | None, now: float) -> None:
         current = self._latest(node).drain
         if current is None:
             return
@@ -497,13 +493,13 @@ class Controller:
         what = "start the recovery clock" if since is not None else "restart the recovery clock"
         self._write(node, patch, what, guard=False)
 
-    def _release(self, node: NodeView, tier: str | None, now: float) -> None:
+    def _release(self, node: Node, tier: str | None, now: float) -> None:
         key = self.policy.drain.taint_key
         patch = {
             "metadata": {"labels": {lbl.TIER: tier}, "annotations": {DRAIN_ANNOTATION: None}},
             "spec": {
                 "unschedulable": None,
-                "taints": [dict(t) for t in node.taints if t.get("key") != key] or None,
+                "taints": [t.to_object() for t in node.taints if t.key != key] or None,
             },
         }
         if self._write(node, patch, f"uncordon and return to tier {tier}", guard=True):
@@ -517,7 +513,7 @@ class Controller:
                 False,
             )
 
-    def _defer(self, node: NodeView, reason: str, now: float) -> None:
+    def _defer(self, node: Node, reason: str, now: float) -> None:
         # Log and record an Event when the reason changes, not on every pass.
         kind = reason.split(":", 1)[0]
         if self._deferred.get(node.name) == kind:
@@ -539,7 +535,7 @@ class Controller:
             soon = min(soon, max(0.0, when - now))
         if self.last_plan is not None:
             for n in self.cache.snapshot():
-                view = NodeView.from_object(n)
+                view = Node.from_object(n)
                 if view.drain is not None and view.drain.stable_since_s is not None:
                     due = view.drain.stable_since_s + self.policy.recovery_period_s - now
                     soon = min(soon, max(0.0, due))

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.cluster.nodes import NodeView, Phase
+from nodeagent_tiering.cluster.nodes import Node, Phase, node_state
 from nodeagent_tiering.cluster.tier_policy import Stability, TierPolicy, resolve
 
 
@@ -109,7 +109,7 @@ class Plan:
         return [a for a in self.actions if isinstance(a, kind)]
 
 
-def home_tier(node: NodeView, policy: TierPolicy) -> str | None:
+def home_tier(node: Node, policy: TierPolicy) -> str | None:
     """The first tier (in policy order) this node qualifies for; unstable ignores stability."""
     stability = node.stability
     for tier in policy.tiers:
@@ -123,15 +123,8 @@ def home_tier(node: NodeView, policy: TierPolicy) -> str | None:
     return None
 
 
-def node_state(node: NodeView) -> str:
-    """The state a metric reports: drain phase when quarantined, else the agents' stability."""
-    if node.drain is not None:
-        return node.drain.phase.value
-    return node.stability.value
-
-
 def plan(
-    nodes: Sequence[NodeView],
+    nodes: Sequence[Node],
     policy: TierPolicy,
     now_s: float,
     breaker: BreakerState,
@@ -255,7 +248,7 @@ def _cap(value: int | str, total: int) -> int:
 
 
 def _stats(
-    managed: Sequence[NodeView], desired: Mapping[str, str | None], policy: TierPolicy
+    managed: Sequence[Node], desired: Mapping[str, str | None], policy: TierPolicy
 ) -> dict[str, TierStats]:
     counts: dict[str, dict[str, int]] = {t.name: {} for t in policy.tiers}
     counts[policy.quarantine_tier] = {}
@@ -265,7 +258,7 @@ def _stats(
         if n.drain is not None and n.drain.phase is Phase.DRAINING:
             draining[n.drain.tier] = draining.get(n.drain.tier, 0) + 1
         tier = desired.get(n.name) or "none"
-        state = node_state(n)
+        state = node_state(n, policy)  # the review counts with the same function
         bucket = counts.setdefault(tier, {})
         bucket[state] = bucket.get(state, 0) + 1
         if n.drain is None and not n.unschedulable:

@@ -12,6 +12,8 @@ The progress of each GPU is kept in the node annotation ``nodeagent.io/gpu-remed
 back by a new leader): ``{"<gpu index>": {"started_s", "evicted", "blocked", "remaining",
 "done"}}``. The entry goes when the GPU is published healthy again, so a new fault starts anew.
 Returning the GPU to service is the agent's: it advertises the GPU again only once healthy.
+Which nodes qualify, and how they then count, is the floor's (``Node.remediable``,
+``Node.as_planned``, ``node_state``): the metrics and the pool review read the same rule.
 """
 
 from __future__ import annotations
@@ -22,11 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent.published import PublishedError, PublishedGpu, decode
-from nodeagent_tiering.cluster.nodes import NodeView
-from nodeagent_tiering.cluster.tier_policy import Stability
-
-FAULTY = frozenset({"unhealthy", "lost"})
+from nodeagent_tiering.cluster.nodes import Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +42,7 @@ class GpuRecord:
         return replace(self, **changes)
 
 
-def read_records(node: NodeView) -> dict[int, GpuRecord]:
+def read_records(node: Node) -> dict[int, GpuRecord]:
     """The node's GPU remediation records by GPU index (an unreadable annotation is none)."""
     raw = node.annotations.get(lbl.GPU_REMEDIATION_ANNOTATION)
     if not raw:
@@ -63,37 +61,6 @@ def encode_records(records: Mapping[int, GpuRecord]) -> str | None:
     return json.dumps({str(k): asdict(v) for k, v in sorted(records.items())}, sort_keys=True)
 
 
-def faulty_gpus(node: NodeView) -> list[PublishedGpu]:
-    """The node's GPUs published unhealthy or lost (none without a readable annotation)."""
-    raw = node.annotations.get(lbl.GPU_STATE_ANNOTATION)
-    if not raw:
-        return []
-    try:
-        published = decode(raw)
-    except PublishedError:
-        return []
-    return [g for g in published.gpus if g.health in FAULTY]
-
-
-def eligible(node: NodeView, max_gpus: int) -> bool:
-    """An otherwise healthy node: between 1 and ``max_gpus`` faulty GPUs, its stability label
-    not unstable (the agent's GPUHealthy=False condition alone is the faulty GPU speaking), not
-    draining or quarantined, not cordoned."""
-    if node.drain is not None or node.unschedulable:
-        return False
-    if node.labels.get(lbl.STABILITY) == Stability.UNSTABLE.value:
-        return False
-    return 1 <= len(faulty_gpus(node)) <= max_gpus
-
-
-def as_planned(node: NodeView, max_gpus: int) -> NodeView:
-    """The node as the drain planner should see it: a node whose faults are those of a GPU
-    being remediated on its own is not unstable, so it is not drained as well."""
-    if eligible(node, max_gpus) and node.condition_status == "False":
-        return replace(node, condition_status="True")
-    return node
-
-
-def in_progress(nodes: list[NodeView]) -> int:
+def in_progress(nodes: list[Node]) -> int:
     """Nodes with a GPU remediation still evicting (they count against the drain budget)."""
     return sum(1 for n in nodes if any(not r.done for r in read_records(n).values()))

@@ -14,17 +14,9 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from nodeagent import labels as lbl
 from nodeagent.capacity import creatable, stranded_slices
 from nodeagent.gpu.types import MigGeometry, MigSlot, Placement
+from nodeagent_tiering.cluster.nodes import GPU_RESOURCE, Kind, Node, Taint, resource_kind
 from nodeagent_tiering.cluster.tier_policy import Operator
-from nodeagent_tiering.cluster.view import (
-    GPU_RESOURCE,
-    UNSCHEDULABLE_TAINT,
-    ClusterView,
-    Kind,
-    NodeInfo,
-    PodInfo,
-    Taint,
-    resource_kind,
-)
+from nodeagent_tiering.cluster.view import UNSCHEDULABLE_TAINT, ClusterView, PodInfo
 from nodeagent_tiering.pending.results import BLOCKING_EFFECTS, Settings, Topology
 
 _T = TypeVar("_T")
@@ -102,7 +94,7 @@ class ByGeometry(Generic[_T]):
 
 @dataclass(slots=True)
 class NodeState:
-    info: NodeInfo
+    info: Node
     free: dict[str, int]  # allocatable minus the requests of bound pods (the scheduler's view)
     users: dict[str, list[tuple[str, int]]]  # resource -> (pod, units) of the bound pods
     mig: list[MigGpu]
@@ -112,7 +104,7 @@ class NodeState:
     summary: _MigSummary
 
 
-def _whole_gpus(node: NodeInfo, used: int) -> tuple[dict[Topology, list[int]], dict[int, str]]:
+def _whole_gpus(node: Node, used: int) -> tuple[dict[Topology, list[int]], dict[int, str]]:
     """Free whole GPUs per NVLink island and per NUMA node, and who holds the others.
 
     With pod-resources the agent says which GPUs are held. Without, ``used`` GPUs (the pods'
@@ -139,7 +131,7 @@ def _whole_gpus(node: NodeInfo, used: int) -> tuple[dict[Topology, list[int]], d
     return groups, holders
 
 
-def _mig_gpus(node: NodeInfo, used: Mapping[str, int]) -> list[MigGpu]:
+def _mig_gpus(node: Node, used: Mapping[str, int]) -> list[MigGpu]:
     """The node's MIG GPUs with held instances marked.
 
     Held = busy, or allocated by the kubelet (pod-resources). Without pod-resources the pods'
@@ -205,11 +197,11 @@ _Placement = tuple[
 # Node -> its placement facts, while neither the node object nor its pods' requests change: the
 # service keeps one parsed object per node version, so most nodes hit from pass to pass. The
 # entry holds the node object, so its id cannot be reused while the entry lives.
-_PLACEMENTS: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[NodeInfo, _Placement]] = {}
+_PLACEMENTS: dict[tuple[int, tuple[tuple[str, int], ...]], tuple[Node, _Placement]] = {}
 _PLACEMENTS_LIMIT = 50_000
 
 
-def _placement(info: NodeInfo, used: Mapping[str, int]) -> _Placement:
+def _placement(info: Node, used: Mapping[str, int]) -> _Placement:
     key = (id(info), tuple(sorted(used.items())))
     hit = _PLACEMENTS.get(key)
     if hit is not None and hit[0] is info:
@@ -234,7 +226,7 @@ def _placement(info: NodeInfo, used: Mapping[str, int]) -> _Placement:
 OK, SERVICE, EXCLUDED = 0, 1, 2  # how a node stands for a pod
 
 
-def node_class(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[int, str]:
+def node_class(pod: PodInfo, node: Node, settings: Settings) -> tuple[int, str]:
     """Whether ``pod`` may use ``node`` (``OK``), could once the node is back in service
     (``SERVICE``, with why), or is excluded by its own constraints (``EXCLUDED``, with why)."""
     for key, value in pod.node_selector.items():
@@ -264,7 +256,7 @@ def node_class(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[int, s
 _CORDON = Taint(UNSCHEDULABLE_TAINT, "", "NoSchedule")
 
 
-def node_causes(pod: PodInfo, node: NodeInfo, settings: Settings) -> tuple[list[str], list[str]]:
+def node_causes(pod: PodInfo, node: Node, settings: Settings) -> tuple[list[str], list[str]]:
     """Every reason the pod may not use the node: (its own constraints, out of service)."""
     excluded = [f"node selector {k}={v}" for k, v in pod.node_selector.items()
                 if node.labels.get(k) != v]  # fmt: skip

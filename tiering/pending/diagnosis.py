@@ -38,15 +38,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.cluster.view import (
-    GPU_RESOURCE,
-    KUEUE_GATE,
-    ClusterView,
-    Kind,
-    PodInfo,
-    WorkloadInfo,
-    resource_kind,
-)
+from nodeagent_tiering.cluster.nodes import GPU_RESOURCE, Kind, resource_kind
+from nodeagent_tiering.cluster.view import KUEUE_GATE, ClusterView, PodInfo, WorkloadInfo
 from nodeagent_tiering.pending.capacity import (
     EXCLUDED,
     OK,

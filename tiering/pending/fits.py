@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nodeagent_tiering.cluster.view import (
-    GPU_RESOURCE,
-    Kind,
-    resource_kind,
-)
+from nodeagent_tiering.cluster.nodes import GPU_RESOURCE, Kind, resource_kind
 from nodeagent_tiering.pending.capacity import NodeState
 from nodeagent_tiering.pending.results import Topology
 

@@ -20,12 +20,11 @@ from dataclasses import KW_ONLY, InitVar, dataclass, field
 from nodeagent_tiering.cluster.clock import Clock
 from nodeagent_tiering.cluster.cluster_api import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError
 from nodeagent_tiering.cluster.informer import Informer, NodeCache
+from nodeagent_tiering.cluster.nodes import Node, node_identity
 from nodeagent_tiering.cluster.view import (
     ClusterView,
-    NodeInfo,
     PodInfo,
     WorkloadInfo,
-    node_from_object,
     pod_from_object,
     workload_from_object,
 )
@@ -68,7 +67,7 @@ class PendingLoop:
     history: History = field(init=False, default_factory=History)
     last: PassResult | None = field(init=False, default=None)
     _leading: bool = field(init=False, default=False)
-    _parsed: dict[str, tuple[str, NodeInfo]] = field(init=False, default_factory=dict)
+    _parsed: dict[str, tuple[str, Node]] = field(init=False, default_factory=dict)
     _dry_seen: set[tuple[str, str]] = field(init=False, default_factory=set)
 
     def __post_init__(self, namespace: str, identity: str) -> None:
@@ -102,12 +101,10 @@ class PendingLoop:
         infos = []
         seen = set()
         for obj in self.nodes.snapshot():
-            meta = obj.get("metadata") or {}
-            name = str(meta.get("name", ""))
-            rv = str(meta.get("resourceVersion", ""))
+            name, rv = node_identity(obj)
             cached = self._parsed.get(name)
             if cached is None or cached[0] != rv or not rv:
-                cached = (rv, node_from_object(obj))
+                cached = (rv, Node.from_object(obj))
                 self._parsed[name] = cached
             infos.append(cached[1])
             seen.add(name)

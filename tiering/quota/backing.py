@@ -25,8 +25,9 @@ from typing import Any
 
 from nodeagent import labels as lbl
 from nodeagent_tiering.cluster import JSON, kueue, units
-from nodeagent_tiering.cluster.nodes import NodeView, Phase
+from nodeagent_tiering.cluster.nodes import Node, Phase
 from nodeagent_tiering.cluster.tier_policy import Stability
+from nodeagent_tiering.cluster.view import cluster_queue_from_object
 from nodeagent_tiering.quota.flavors import Flavor, drift
 from nodeagent_tiering.quota.policy import (
     RESOURCE,
@@ -52,7 +53,7 @@ class Capacity:
     lost: list[tuple[str, str, float]] = field(default_factory=list)  # node, why, amount
 
 
-def _why_out(view: NodeView) -> str | None:
+def _why_out(view: Node) -> str | None:
     """Why a node cannot take work now, or ``None`` when it can."""
     if view.drain is not None:
         state = "draining" if view.drain.phase is Phase.DRAINING else "drained"
@@ -75,7 +76,7 @@ def capacity(
     for f in flavors:
         by_tier.setdefault(f.tier, []).append(f)
     for obj in nodes:
-        view = NodeView.from_object(dict(obj))
+        view = Node.from_object(dict(obj))
         # A quarantined node wears the quarantine tier; it still belongs to the tier it left.
         tier = view.drain.tier if view.drain is not None else view.labels.get(lbl.TIER)
         candidates = by_tier.get(tier or "")
@@ -104,17 +105,11 @@ def promised(
     """``(flavor, resource) -> {ClusterQueue: nominalQuota}`` on nodeagent's flavors."""
     names = {f.name for f in flavors}
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for cq in cluster_queues:
-        cq_name = str((cq.get("metadata") or {}).get("name"))
-        for flavor, resource, entry in kueue.flavor_quotas(cq):
-            if flavor not in names:
-                continue
-            try:
-                amount = units.amount(entry.get("nominalQuota", 0))
-            except ValueError:
-                continue
-            if amount:
-                out.setdefault((flavor, resource), {})[cq_name] = amount
+    for cq in map(cluster_queue_from_object, cluster_queues):
+        for (flavor, resource), amount in cq.nominal.items():
+            # A quota the API server would refuse reads as 0: it promises nothing.
+            if flavor in names and amount:
+                out.setdefault((flavor, resource), {})[cq.name] = amount
     return out
 
 
@@ -304,7 +299,7 @@ def _flavor_problems(flavors: Sequence[Flavor], cluster: Cluster) -> list[Proble
         tier = next(f.tier for f in flavors if f.name == name)
         problems.append(Problem("flavor", f"ResourceFlavor {name}: {note}", tier=tier))
     for obj in cluster.nodes:
-        view = NodeView.from_object(dict(obj))
+        view = Node.from_object(dict(obj))
         for f in flavors:
             if not f.taints or not f.selects(view.labels):
                 continue

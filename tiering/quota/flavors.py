@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from nodeagent import labels as lbl
 from nodeagent_tiering.cluster import JSON, kueue
 from nodeagent_tiering.cluster.cluster_api import KubeError
+from nodeagent_tiering.cluster.nodes import Taint
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,10 @@ class TaintSpec:
             return {"key": self.key, "operator": "Exists", "effect": self.effect}
         return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
 
-    def on(self, taints: Iterable[Mapping[str, Any]]) -> bool:
+    def on(self, taints: Iterable[Taint]) -> bool:
         """Whether a node's taints include this one."""
         return any(
-            t.get("key") == self.key
-            and (t.get("value") or "") == self.value
-            and t.get("effect") == self.effect
-            for t in taints
+            t.key == self.key and t.value == self.value and t.effect == self.effect for t in taints
         )
 
 

@@ -48,13 +48,11 @@ from nodeagent.config.quantity import MAX as MAX_QUANTITY
 from nodeagent.config.types import any_label_value, dns_subdomain, label_key, label_value
 from nodeagent.config.yamlfile import parse_document, read_document
 from nodeagent_tiering.cluster import JSON, kueue
+from nodeagent_tiering.cluster.nodes import QUOTA_RESOURCE
 from nodeagent_tiering.quota.flavors import Flavor, FlavorSettings, TaintSpec, desired_flavors
 
 GPU = "nvidia.com/gpu"
-# nvidia.com/gpu, its time-slicing ".shared" rename, and the device plugin's MIG resources in
-# the mixed strategy: nvidia.com/mig-<slices>g.<memory>gb, with +me (media extensions) or a
-# compute-instance prefix (1c.3g.40gb), as NVIDIA's plugin names them.
-RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-(\d+c\.)?\d+g\.\d+gb(\+me)?)(\.shared)?$")
+RESOURCE = QUOTA_RESOURCE  # the GPU resources a quota may name (defined in the floor)
 NAMESPACE_SELECTOR_KEY = "kubernetes.io/metadata.name"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kueue's API limits (ClusterQueue resourceGroups: flavors and covered resources per group).

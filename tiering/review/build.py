@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from nodeagent_tiering.cluster.cluster_api import Kube
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.pending.mig import MigPlanner
 from nodeagent_tiering.quota.flavors import Flavor
@@ -86,7 +86,7 @@ def assemble_review(
 ) -> Review:
     """The tier review of what :func:`read_inputs` read, with the quota and shared-GPU sections:
     ``prometheus`` are the tier review's instant values, ``usage`` the quota section's."""
-    nodes = [NodeView.from_object(o) for o in inputs.nodes]
+    nodes = [Node.from_object(o) for o in inputs.nodes]
     review = build_review(
         nodes,
         inputs.events,

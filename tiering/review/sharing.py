@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent.published import PublishedError, decode
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.review.sections import SectionTable, TableSection
 
 HEADERS = ["NODE", "TIER", "GPU", "WORKLOADS", "INTERFERENCE", "SM", "DRAM", "JUDGED", "PODS"]
@@ -37,18 +36,16 @@ def judged(interference: float, sm: float | None, dram: float | None) -> str:
     return "coarse-only"
 
 
-def sharing_section(nodes: Sequence[NodeView], *, limit: int = 50) -> TableSection:
+def sharing_section(nodes: Sequence[Node], *, limit: int = 50) -> TableSection:
     """Shared GPUs by interference, worst first (at most ``limit`` rows)."""
     rows: list[dict[str, Any]] = []
     unreadable = 0
     for node in nodes:
-        raw = node.annotations.get(lbl.GPU_STATE_ANNOTATION)
-        if not raw:
-            continue
-        try:
-            published = decode(raw)
-        except PublishedError:
-            unreadable += 1
+        published = node.published
+        if published is None:
+            # An empty annotation is no annotation; one that is there and unreadable is counted.
+            if node.published_error is not None and node.annotations.get(lbl.GPU_STATE_ANNOTATION):
+                unreadable += 1
             continue
         for gpu in published.gpus:
             if gpu.interference is None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node, node_state
 from nodeagent_tiering.cluster.tier_policy import Stability, TierPolicy
 from nodeagent_tiering.cluster.units import parse_time
 from nodeagent_tiering.review.sections import ReviewSection
@@ -87,7 +87,7 @@ def cause_key(message: str) -> str:
 
 
 def build_review(
-    nodes: Sequence[NodeView],
+    nodes: Sequence[Node],
     events: Iterable[Mapping[str, Any]],
     *,
     policy: TierPolicy | None,
@@ -110,11 +110,13 @@ def build_review(
         r = reviews.setdefault(name, TierReview(name))
         r.nodes += 1
         r.gpus += n.gpus
+        # The metric's definition (nodeagent_tiering_nodes), so the two always agree.
+        state = node_state(n, policy)
         if n.drain is not None:
             r.quarantined += 1
-        elif n.stability is Stability.UNSTABLE:
+        elif state == Stability.UNSTABLE.value:
             r.unstable += 1
-        elif n.stability is Stability.DEGRADED:
+        elif state == Stability.DEGRADED.value:
             r.degraded += 1
         else:
             r.healthy += 1

@@ -284,7 +284,8 @@ def test_api_objects_are_read_with_the_one_quantity_parser() -> None:
 def test_match_fields_take_node_names_longer_than_a_label_value() -> None:
     """Label expressions now refuse values no label can hold; matchFields compares node names
     (up to 253 characters), which must keep constraining the pod."""
-    from nodeagent_tiering.cluster.view import NodeInfo, pod_from_object
+    from nodeagent_tiering.cluster.nodes import Node
+    from nodeagent_tiering.cluster.view import pod_from_object
 
     name = "gpu-" + "a" * 96
     term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
@@ -292,5 +293,5 @@ def test_match_fields_take_node_names_longer_than_a_label_value() -> None:
         "nodeSelectorTerms": [term]}}}  # fmt: skip
     pod = pod_from_object({"metadata": {"name": "p"}, "spec": {"affinity": affinity}})
     (only,) = pod.affinity
-    assert only.matches(NodeInfo(name=name, labels={}))
-    assert not only.matches(NodeInfo(name="gpu-b", labels={}))
+    assert only.matches(Node(name=name, labels={}))
+    assert not only.matches(Node(name="gpu-b", labels={}))

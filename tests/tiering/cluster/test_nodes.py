@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.view import request_amounts
 
 GPUS = re.compile(r"nvidia\.com/(gpu|mig-.*)$")
 
 
-def node(conditions: list[dict[str, str]], allocatable: dict[str, object]) -> NodeView:
-    return NodeView.from_object(
+def node(conditions: list[dict[str, str]], allocatable: dict[str, object]) -> Node:
+    return Node.from_object(
         {
             "metadata": {"name": "n1", "resourceVersion": "7"},
             "status": {"conditions": conditions, "allocatable": allocatable},

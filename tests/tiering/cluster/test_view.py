@@ -7,11 +7,11 @@ from collections.abc import Callable
 from nodeagent import labels as lbl
 from nodeagent.gpu.node import GpuNode
 from nodeagent.published import encode, publish
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 
 
-def _view(labels: dict[str, str], annotations: dict[str, str]) -> NodeView:
-    return NodeView.from_object(
+def _view(labels: dict[str, str], annotations: dict[str, str]) -> Node:
+    return Node.from_object(
         {"metadata": {"name": "n1", "labels": labels, "annotations": annotations}}
     )
 

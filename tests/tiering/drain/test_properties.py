@@ -19,7 +19,7 @@ from nodeagent import labels as lbl
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.nodes import OWNER_LABEL, NodeSet
 from nodeagent_tiering.cluster.informer import NodeCache
-from nodeagent_tiering.cluster.nodes import DrainRecord, NodeView, Phase
+from nodeagent_tiering.cluster.nodes import DrainRecord, Node, Phase
 from nodeagent_tiering.cluster.tier_policy import TierPolicy, parse_policy
 from nodeagent_tiering.drain.controller import Controller
 from nodeagent_tiering.drain.planner import (
@@ -68,8 +68,8 @@ def view(
     *,
     unschedulable: bool = False,
     drain: DrainRecord | None = None,
-) -> NodeView:
-    return NodeView(name, dict(labels), {}, unschedulable, (), None, "", "", "1", drain)
+) -> Node:
+    return Node(name, dict(labels), {}, unschedulable, (), None, "", "", "1", drain)
 
 
 class Cluster:
@@ -254,7 +254,7 @@ def test_storm_through_the_api_stays_within_budget(cluster, storm):
             listed = cluster.core.list_node(
                 label_selector=f"{OWNER_LABEL}={nodes.prefix}", _preload_content=False
             )
-            views = [NodeView.from_object(n) for n in json.loads(listed.data)["items"]]
+            views = [Node.from_object(n) for n in json.loads(listed.data)["items"]]
             draining = [v for v in views if v.drain and v.drain.phase is Phase.DRAINING]
             assert len(draining) <= 2, "cluster budget exceeded"
             assert len({v.drain.tier for v in draining if v.drain}) == len(draining), (

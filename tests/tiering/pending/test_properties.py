@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from nodeagent.gpu.types import MigGeometry
-from nodeagent_tiering.cluster.view import resource_kind
+from nodeagent_tiering.cluster.nodes import resource_kind
 from nodeagent_tiering.pending.results import Reason, Unblock
 from tests.tiering.pending.builders import (
     A30,

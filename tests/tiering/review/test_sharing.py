@@ -12,7 +12,7 @@ from nodeagent import labels as lbl
 from nodeagent.gpu.node import GpuNode
 from nodeagent.gpu.types import Profiling
 from nodeagent.published import PublishedError, PublishedGpu, PublishedNode, decode, encode, publish
-from nodeagent_tiering.cluster.nodes import NodeView
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.review.sharing import judged, sharing_section
 
 
@@ -79,7 +79,7 @@ def test_the_review_counts_coarse_only_gpus_and_shows_activity() -> None:
         PublishedGpu(1, "NVIDIA H100 80GB HBM3", interference=0.7, sm_active=0.9, dram_active=0.3),
         PublishedGpu(2, "NVIDIA H100 80GB HBM3", interference=0.6),
     )
-    node = NodeView.from_object(
+    node = Node.from_object(
         {
             "metadata": {
                 "name": "h100-a",
