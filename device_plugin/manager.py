@@ -38,6 +38,13 @@ KUBELET_SOCKET = "kubelet.sock"
 POLL_S = 0.2  # directory checks: a kubelet restart is noticed within this (re-register < 1 s)
 REGISTER_TIMEOUT_S = 2.0
 VANISH_DELIVERY_S = 1.0  # how long a vanished resource waits for its zero-device list to go out
+# A resource re-served on its socket registers again only after this. Kubelet 1.37 refuses a
+# registration on a socket path whose previous stream it has not yet seen end ("device plugin
+# already connected"), and that refusal also drops its handle on the old stream, so the stale
+# endpoint is never removed and every later registration of that path fails until the kubelet
+# restarts (seen on a real kubelet in tests/real_kubelet). The kubelet sees a stopped server's
+# stream end within milliseconds; this leaves it ample time.
+REREGISTER_AFTER_STOP_S = 0.5
 
 
 @dataclass
@@ -134,7 +141,9 @@ class PluginManager:
                         server.service.refresh()
                         continue
                     server.stop()
-                self._serve(resource)
+                    self._serve(resource, register_after_s=REREGISTER_AFTER_STOP_S)
+                else:
+                    self._serve(resource)
         log.info("device plugin resources: %s", summarize(resources))
 
     def _mps_targets(
@@ -150,12 +159,15 @@ class PluginManager:
                     )
         return targets
 
-    def _serve(self, resource: Resource) -> None:
+    def _serve(self, resource: Resource, register_after_s: float = 0.0) -> None:
         server = ResourceServer(self.directory, resource, self._ctx)
         server.start()
         self.servers[resource.name] = server
         self.registrations[resource.name] = self._registration()
-        if self.kubelet_present:
+        if self.kubelet_present and register_after_s > 0:
+            # tick() registers it when due (see REREGISTER_AFTER_STOP_S).
+            self.registrations[resource.name].next_attempt = time.monotonic() + register_after_s
+        elif self.kubelet_present:
             self._register(resource.name)
         else:
             # Registered by the loop as soon as kubelet.sock appears; nothing to retry before.

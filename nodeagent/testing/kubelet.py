@@ -5,6 +5,13 @@ the plugin's endpoint, reads its options, keeps a ListAndWatch stream open and r
 device list with the time it arrived. Tests then call GetPreferredAllocation and Allocate on the
 same connection. ``restart()`` behaves like a kubelet restart: every socket in the directory is
 deleted, then kubelet.sock is created again.
+
+``allocatable()`` and ``capacity()`` are what the real kubelet would put in its Node's status:
+capacity counts the plugin's latest list, allocatable its Healthy devices, and once the plugin's
+ListAndWatch stream ends allocatable is 0 while capacity keeps the last count (the real kubelet
+marks a disconnected plugin's devices unhealthy and drops them only after a grace period). Like
+the real one, it refuses a resource's registration while that resource's previous stream is still
+open ("device plugin already connected"); such refusals are kept in ``refused``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class PluginView:
     stub: api_pb2_grpc.DevicePluginStub
     options: api_pb2.DevicePluginOptions | None = None
     lists: list[tuple[float, dict[str, tuple[str, list[int]]]]] = field(default_factory=list)
+    ended: bool = False  # its ListAndWatch stream ended (plugin gone or replaced)
 
     @property
     def devices(self) -> dict[str, tuple[str, list[int]]]:
@@ -48,6 +56,8 @@ class TestKubelet(api_pb2_grpc.RegistrationServicer):
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.registrations: list[api_pb2.RegisterRequest] = []
+        # Registrations refused because the resource's previous stream was still open.
+        self.refused: list[api_pb2.RegisterRequest] = []
         self.plugins: dict[str, PluginView] = {}
         self.cond = threading.Condition()
         self.reject: Callable[[api_pb2.RegisterRequest], str | None] = lambda _r: None
@@ -97,6 +107,12 @@ class TestKubelet(api_pb2_grpc.RegistrationServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version}"
             )
         with self.cond:
+            previous = self.plugins.get(request.resource_name)
+            if previous is not None and not previous.ended:
+                # Kubelet 1.37 refuses a registration while the resource's previous stream is
+                # open (and then never forgets the stale one; tests/real_kubelet shows it).
+                self.refused.append(request)
+                context.abort(grpc.StatusCode.UNKNOWN, "device plugin already connected")
             self.registrations.append(request)
         # Like the kubelet, connect back asynchronously once Register has answered.
         threading.Thread(target=self._connect, args=(request,), daemon=True).start()
@@ -126,6 +142,9 @@ class TestKubelet(api_pb2_grpc.RegistrationServicer):
                     self.cond.notify_all()
         except grpc.RpcError:
             pass
+        with self.cond:
+            view.ended = True
+            self.cond.notify_all()
 
     # --- what tests call ----------------------------------------------------------------------
     def wait(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
@@ -144,6 +163,20 @@ class TestKubelet(api_pb2_grpc.RegistrationServicer):
         )
         assert ok, f"{resource}: no matching device list; have {self.plugins.get(resource)}"
         return self.plugins[resource].devices
+
+    def capacity(self, resource: str) -> int:
+        """The Node's capacity of ``resource`` as the real kubelet reports it."""
+        with self.cond:
+            view = self.plugins.get(resource)
+            return len(view.devices) if view is not None else 0
+
+    def allocatable(self, resource: str) -> int:
+        """The Node's allocatable ``resource``: Healthy devices of a plugin still streaming."""
+        with self.cond:
+            view = self.plugins.get(resource)
+            if view is None or view.ended:
+                return 0
+            return sum(1 for health, _numa in view.devices.values() if health == "Healthy")
 
     def stub(self, resource: str) -> api_pb2_grpc.DevicePluginStub:
         self.wait_devices(resource, lambda _d: True)

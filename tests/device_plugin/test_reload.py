@@ -29,6 +29,9 @@ def test_only_the_changed_resource_is_served_again(run_plugin) -> None:
     assert new == ["nvidia.com/gpu.shared"]
     assert plugin.manager.servers["nvidia.com/gpu"].service is whole
     assert whole.streams_opened == 1  # the kubelet's stream was never interrupted
+    # Re-registered on the same socket only once the kubelet saw the old stream end: kubelet
+    # 1.37 refuses it before that, and then never lets that socket register again.
+    assert kubelet.refused == []
 
 
 def test_vanished_resource_is_advertised_empty_before_it_stops(run_plugin) -> None:
@@ -61,3 +64,4 @@ def test_mig_layout_change_swaps_resources(run_plugin) -> None:
     plugin.manager.apply(plugin.node.snapshot(), config.pool, config.device_plugin)
     kubelet.wait_devices("nvidia.com/mig-1g.6gb", lambda d: len(d) == 4)
     kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 3)
+    assert kubelet.refused == [], "re-registered while the kubelet held the old stream"

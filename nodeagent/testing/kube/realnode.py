@@ -42,9 +42,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import urllib3
@@ -214,8 +214,16 @@ class RealNode:
         self.requests_path = self.workdir / "container-requests.jsonl"
         self.cri_socket = self.workdir / "cri.sock"
         self.cdi_dir = self.workdir / "cdi"
+        # fakecri fails CreateContainer for a pod while a file <namespace>_<pod> is here.
+        self.hold_dir = self.workdir / "hold"
         self.pod_resources_socket = self.kubelet_dir / "pod-resources" / "kubelet.sock"
-        for directory in (self.kubelet_dir, self.scratch, self.cdi_dir, self.workdir / "sysctl"):
+        for directory in (
+            self.kubelet_dir,
+            self.scratch,
+            self.cdi_dir,
+            self.hold_dir,
+            self.workdir / "sysctl",
+        ):
             directory.mkdir(parents=True, exist_ok=True)
         self.requests_path.touch()
         # A file the kubelet must never delete (see the module docstring).
@@ -228,6 +236,7 @@ class RealNode:
                 str(self.bin / "fakecri"),
                 f"--endpoint=unix://{self.cri_socket}",
                 f"--requests={self.requests_path}",
+                f"--hold-dir={self.hold_dir}",
             ],
             self.workdir / "fakecri.log",
             cwd=self.scratch,
@@ -506,6 +515,55 @@ class RealNode:
                 found = request
         return found
 
+    def hold_containers(self, namespace: str, pod: str) -> None:
+        """Make fakecri fail CreateContainer for ``namespace/pod`` until :meth:`release_containers`:
+        the kubelet admits the pod and prepares its resources, and its container never starts."""
+        (self.hold_dir / f"{namespace}_{pod}").touch()
+
+    def release_containers(self, namespace: str, pod: str) -> None:
+        """Let fakecri create ``namespace/pod``'s containers again."""
+        (self.hold_dir / f"{namespace}_{pod}").unlink(missing_ok=True)
+
+    def dra_checkpoint(self) -> list[dict[str, Any]]:
+        """The claims in the kubelet's DRA checkpoint (``dra_manager_state``: its
+        ``ClaimInfoStateList``, each with ``ClaimName``, ``Namespace``, ``PodUIDs`` and per
+        driver the prepared ``Devices``); empty when there is no checkpoint yet."""
+        path = self.kubelet_dir / "dra_manager_state"
+        if not path.exists():
+            return []
+        data = json.loads(json.loads(path.read_text())["Data"])
+        return list(data.get("ClaimInfoStateList") or [])
+
+    def in_kubelet_namespace(self, *argv: str) -> str:
+        """Run ``argv`` in the running kubelet's mount namespace (``nsenter --mount``), where
+        its fixed paths (``/var/lib/kubelet/...``) are; stdout. AssertionError when it fails."""
+        process = self.kubelet.process
+        if process is None or process.poll() is not None:
+            raise AssertionError(f"{self.kubelet.name} is not running")
+        result = subprocess.run(
+            ["nsenter", f"--mount=/proc/{process.pid}/ns/mnt", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(argv)} in {self.kubelet.name}'s mount namespace exited "
+                f"{result.returncode}: {result.stderr.strip()}"
+            )
+        return result.stdout
+
+    def kubelet_log(self) -> str:
+        """The kubelet's log over all its runs."""
+        return self.kubelet.log_path.read_text(errors="replace")
+
+    def gpu_index(self, uuid: str) -> int:
+        """The index of the simulated GPU ``uuid`` (for ``sim inject --gpu``)."""
+        for gpu in json.loads(self.sim("gpus", "--json")):
+            if gpu["uuid"] == uuid:
+                return int(gpu["index"])
+        raise AssertionError(f"no GPU {uuid} on {self.name}")
+
     # the agent
 
     def sim(self, *args: str) -> str:
@@ -635,6 +693,23 @@ class RealNode:
                 timeout=5,
             )
         return list(answer.container_responses[0].deviceIDs)
+
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], what: Callable[[], str], timeout_s: float) -> T:
+    """Poll ``check`` until it is truthy; its value. For what lives in the node's files and
+    logs (the kubelet's checkpoints, the agent's log, the simulator), which has nothing to watch;
+    AssertionError naming ``what()`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what()} (after {timeout_s:.0f}s)")
+        time.sleep(0.1)
 
 
 def _ready(node: dict[str, Any]) -> bool | None:

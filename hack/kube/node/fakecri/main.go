@@ -10,6 +10,11 @@
 //     in the kubelet's working directory, which deletes whatever is there.
 //   - pulled images have a size and the image filesystem is reported, without which kubelet 1.37
 //     fails pods with ImageInspectError and its eviction manager finds no image filesystem.
+//
+// And one thing for tests of what happens between a pod's admission and its container's start:
+// while a file named "<namespace>_<pod>" exists in --hold-dir, CreateContainer for that pod
+// fails (the kubelet retries it), so a test can restart the kubelet after the pod's resources
+// were prepared and before its container exists.
 package main
 
 import (
@@ -35,9 +40,18 @@ type runtime struct {
 	*fake.RemoteRuntime
 	mu       sync.Mutex
 	requests *os.File
+	holdDir  string
 }
 
 func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContainerRequest) (*kubeapi.CreateContainerResponse, error) {
+	if r.holdDir != "" {
+		meta := req.GetSandboxConfig().GetMetadata()
+		hold := filepath.Join(r.holdDir, meta.GetNamespace()+"_"+meta.GetName())
+		if _, err := os.Stat(hold); err == nil {
+			return nil, fmt.Errorf("fakecri: CreateContainer for pod %s/%s held while %s exists",
+				meta.GetNamespace(), meta.GetName(), hold)
+		}
+	}
 	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
 	if err != nil {
 		return nil, err
@@ -70,6 +84,7 @@ func main() {
 	endpoint := flag.String("endpoint", "", "unix socket to serve the CRI on, e.g. unix:///run/fakecri.sock")
 	requests := flag.String("requests", "", "file each CreateContainer request is appended to, one JSON object a line")
 	imageFs := flag.String("image-fs", "/var/lib/kubelet", "mount point reported as the image filesystem")
+	holdDir := flag.String("hold-dir", "", "CreateContainer fails for a pod while a file <namespace>_<pod> exists here")
 	flag.Parse()
 	if *endpoint == "" || *requests == "" {
 		fmt.Fprintln(os.Stderr, "fakecri: --endpoint and --requests are required")
@@ -95,7 +110,7 @@ func main() {
 		{Type: kubeapi.RuntimeReady, Status: true},
 		{Type: kubeapi.NetworkReady, Status: true},
 	}}
-	r := &runtime{RemoteRuntime: upstream, requests: out}
+	r := &runtime{RemoteRuntime: upstream, requests: out, holdDir: *holdDir}
 
 	server := grpc.NewServer()
 	kubeapi.RegisterRuntimeServiceServer(server, r)
