@@ -1,20 +1,30 @@
-"""NVIDIA's device plugin beside nodeagent's, on one simulated node: latency and CDI generation.
+"""NVIDIA's device plugin beside nodeagent's, on one simulated node: latency, XID 79, CPU/RSS, CDI.
 
-    python bench/peer_device_plugin.py [--preset dgx-h100] [--calls 300]
+    python bench/peer_device_plugin.py [--preset dgx-h100] [--calls 300] [--idle-s 60]
 
 Needs root (NVIDIA's plugin runs in ``nodeagent sim exec --driver``, a private mount namespace)
 and ``make nvidia-peers libnvml``. Each plugin runs in a process of its own and registers with
-its own test kubelet (nodeagent/testing/kubelet.py); the same requests go to both through their
-unix sockets:
-``Allocate`` of one or two random GPUs, and ``GetPreferredAllocation`` of two out of all GPUs.
-CDI: ``nvidia-ctk cdi generate`` for the whole node against nodeagent's CDI spec for the same
-devices (read through pynvml and built by ``nodeagent.cdi``), each as a fresh process in the same
-namespace. Both read the same simulator (NVIDIA's through the C library, nodeagent's in Python),
-so what the simulator costs is paid on both sides, and ratios are fair where absolute numbers
-are not (a real driver answers faster than the simulator).
+its own test kubelet (nodeagent/testing/kubelet.py): NVIDIA's k8s-device-plugin, and
+``nodeagent run`` (sampler, health and device plugin; metrics off, short recovery
+periods so that recovery fits in the run). Measured for each, one after the other on the same
+simulated node:
 
-Not measured yet: preferred-allocation quality against an exhaustive optimum, XID 79 recovery,
-and CPU/RSS.
+- ``Allocate`` of one or two random GPUs, and ``GetPreferredAllocation`` of two out of all GPUs,
+  through their unix sockets (p50 / p99);
+- XID 79 on one GPU, injected through the simulator's control API (the state-file write that
+  ``nodeagent sim inject`` makes): time until the test kubelet's ListAndWatch stream shows that
+  GPU Unhealthy, how many devices went Unhealthy, and, after ``clear``, time until it is Healthy
+  again (or "never" within ``--recover-s``);
+- CPU seconds per minute (utime + stime from /proc/PID/stat) and RSS (VmRSS, sampled each
+  second) of the plugin's own process, idle for ``--idle-s`` and under an XID storm (XIDs 13,
+  31, 43, 63 and 94 round-robin on four GPUs, 20 a second, for ``--storm-s``);
+- CDI: ``nvidia-ctk cdi generate`` for the whole node against nodeagent's CDI spec for the same
+  devices (read through pynvml and built by ``nodeagent.cdi``), each as a fresh process.
+
+Both read the same simulator (NVIDIA's through the C library, which runs the Python simulator
+inside the plugin's process; nodeagent's in Python), so what the simulator costs is paid on
+both sides, and ratios are fairer than absolute numbers (a real driver answers faster).
+Preferred-allocation quality is bench/peer_allocation.py.
 """
 
 from __future__ import annotations
@@ -22,18 +32,42 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
+from nodeagent.sim.control import SimControl
 from nodeagent.testing.kubelet import TestKubelet
 
 REPO = Path(__file__).resolve().parents[1]
 NODEAGENT = Path(sys.executable).parent / "nodeagent"
 RESOURCE = "nvidia.com/gpu"
+HEALTHY = "Healthy"
+TICK = os.sysconf("SC_CLK_TCK")
+UNHEALTHY_WAIT_S = 30.0
+
+# nodeagent's config for the run: no metrics port, and recovery periods short enough to watch a
+# recovery (defaults: a fatal XID holds 1 h, then 300 s and 60 s quiet). The hold must stay
+# above 0: with 0 the XID's fault expires as it is recorded and only the next sample (GPU lost)
+# withdraws the GPU. NVIDIA's plugin has no equivalent to shorten.
+AGENT_CONFIG = """version: v1
+metrics: {enabled: false}
+health:
+  recovery_quiet_s: 2
+  fatal_hold_s: 1
+device_plugin:
+  health_recovery_quiet_s: 0
+"""
 
 _VIEW = """
 import json
@@ -48,6 +82,15 @@ for i in range(pynvml.nvmlDeviceGetCount()):
     devices.append(CdiDevice(uuid, (uuid,), (pynvml.nvmlDeviceGetMinorNumber(gpu),)))
 json.dumps(CdiWriter(Path("."), "nvidia.com").spec("node", devices))
 """
+
+
+@dataclass
+class Running:
+    """One plugin registered with its test kubelet."""
+
+    name: str
+    kubelet: TestKubelet
+    pid: int  # the plugin's own process (not the namespace wrapper)
 
 
 def quantiles_ms(samples: list[float]) -> tuple[float, float]:
@@ -68,9 +111,96 @@ def peers() -> Path:
     return Path(out.stdout.strip()) / "bin"
 
 
-def latency(kubelet: TestKubelet, calls: int, rng: random.Random) -> dict[str, tuple[float, float]]:
-    devices = sorted(kubelet.wait_devices(RESOURCE, timeout_s=30))
-    stub = kubelet.stub(RESOURCE)
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _find(root: int, exe_name: str, timeout_s: float = 30) -> int:
+    """The descendant of ``root`` running ``exe_name`` (``sim exec`` forks before it execs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            try:
+                if Path(os.readlink(f"/proc/{pid}/exe")).name == exe_name:
+                    return pid
+            except OSError:
+                pass
+            todo.extend(_children(pid))
+        time.sleep(0.1)
+    raise SystemExit(f"peer_device_plugin: no {exe_name} process started under pid {root}")
+
+
+@contextmanager
+def _serving(
+    name: str, directory: Path, argv: list[str], env: dict[str, str], exe: str | None
+) -> Iterator[Running]:
+    kubelet = TestKubelet(directory)
+    kubelet.start()
+    log = (directory / "plugin.log").open("wb")
+    plugin = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        pid = _find(plugin.pid, exe) if exe else plugin.pid
+        kubelet.wait_devices(RESOURCE, timeout_s=60)
+        yield Running(name, kubelet, pid)
+    finally:
+        plugin.terminate()
+        try:
+            plugin.wait(15)
+        except subprocess.TimeoutExpired:
+            plugin.kill()
+            plugin.wait(5)
+        log.close()
+        kubelet.stop()
+
+
+@contextmanager
+def nvidia(bin_dir: Path, env: dict[str, str], directory: Path) -> Iterator[Running]:
+    """NVIDIA's plugin in a private mount namespace over the simulated libnvidia-ml.so.1."""
+    directory.mkdir(parents=True, exist_ok=True)
+    script = (
+        f"mount -t tmpfs none /var/lib && mkdir -p /var/lib/kubelet && "
+        f"ln -s {directory} /var/lib/kubelet/device-plugins && "
+        f"exec {bin_dir / 'nvidia-device-plugin'} --kubelet-socket {directory / 'kubelet.sock'} "
+        f'--mig-strategy none --driver-root "$NODEAGENT_SIM_DRIVER_ROOT"'
+    )
+    argv = [str(NODEAGENT), "sim", "exec", "--driver", "--", "sh", "-c", script]
+    with _serving("NVIDIA", directory, argv, env, "nvidia-device-plugin") as running:
+        yield running
+
+
+@contextmanager
+def nodeagent(env: dict[str, str], directory: Path) -> Iterator[Running]:
+    """``nodeagent run`` on the same simulated node (its state directory comes from ``env``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "agent.yaml"
+    config.write_text(AGENT_CONFIG)
+    argv = [
+        sys.executable,
+        "-m",
+        "nodeagent.cli.main",
+        "run",
+        "--config",
+        str(config),
+        "--agent-state-dir",
+        str(directory / "agent"),
+        "--kubelet-dir",
+        str(directory),
+        "--mig-lock-file",
+        str(directory / "mig.lock"),
+    ]
+    with _serving("nodeagent", directory, argv, env, None) as running:
+        yield running
+
+
+def latency(run: Running, calls: int, rng: random.Random) -> dict[str, tuple[float, float]]:
+    devices = sorted(run.kubelet.wait_devices(RESOURCE, timeout_s=30))
+    stub = run.kubelet.stub(RESOURCE)
     allocate: list[float] = []
     preferred: list[float] = []
     for _ in range(calls):
@@ -94,67 +224,99 @@ def latency(kubelet: TestKubelet, calls: int, rng: random.Random) -> dict[str, t
     return {"Allocate": quantiles_ms(allocate), "GetPreferredAllocation": quantiles_ms(preferred)}
 
 
-def nvidias(
-    bin_dir: Path, env: dict[str, str], directory: Path, calls: int
-) -> dict[str, tuple[float, float]]:
-    kubelet = TestKubelet(directory)
-    kubelet.start()
-    script = (
-        f"mount -t tmpfs none /var/lib && mkdir -p /var/lib/kubelet && "
-        f"ln -s {directory} /var/lib/kubelet/device-plugins && "
-        f"exec {bin_dir / 'nvidia-device-plugin'} --kubelet-socket {kubelet.socket} "
-        f'--mig-strategy none --driver-root "$NODEAGENT_SIM_DRIVER_ROOT"'
+@dataclass
+class XidResult:
+    unhealthy_s: float | None  # injection -> that GPU Unhealthy on ListAndWatch
+    unhealthy_count: int  # devices Unhealthy at that moment, the GPU included
+    recovered_s: float | None  # clear -> Healthy again; None: never within the wait
+
+
+def xid79(run: Running, control: SimControl, gpu: int, uuid: str, recover_s: float) -> XidResult:
+    """XID 79 (fallen off the bus) on ``gpu``; then clear it and wait for recovery."""
+    kubelet = run.kubelet
+
+    def health() -> dict[str, str]:
+        return {k: v[0] for k, v in kubelet.plugins[RESOURCE].devices.items()}
+
+    kubelet.wait_devices(RESOURCE, lambda d: all(v[0] == HEALTHY for v in d.values()), 30)
+    start = time.monotonic()
+    control.inject("xid", gpu, code=79)
+    got = kubelet.wait(lambda: health().get(uuid) not in (None, HEALTHY), UNHEALTHY_WAIT_S)
+    unhealthy_s = time.monotonic() - start if got else None
+    time.sleep(1)  # let a plugin that withdraws more than one device finish doing so
+    unhealthy_count = sum(v != HEALTHY for v in health().values())
+    start = time.monotonic()
+    control.clear(gpu)
+    back = kubelet.wait(lambda: health().get(uuid) == HEALTHY, recover_s)
+    return XidResult(unhealthy_s, unhealthy_count, time.monotonic() - start if back else None)
+
+
+@dataclass
+class Usage:
+    cpu_s_per_min: float
+    cpu_p50: float  # per-second samples, CPU seconds per second
+    cpu_p99: float
+    rss_median_mib: float
+    rss_peak_mib: float
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def usage(pid: int, seconds: float, load: Callable[[threading.Event], None] | None) -> Usage:
+    """CPU and RSS of ``pid`` over ``seconds``, sampled each second, ``load`` running meanwhile."""
+    stop = threading.Event()
+    worker = threading.Thread(target=load, args=(stop,), daemon=True) if load else None
+    if worker:
+        worker.start()
+    per_s: list[float] = []
+    rss: list[int] = []
+    first = last = _cpu_ticks(pid)
+    began = previous = time.monotonic()
+    while time.monotonic() - began < seconds:
+        time.sleep(1)
+        now, ticks = time.monotonic(), _cpu_ticks(pid)
+        per_s.append((ticks - last) / TICK / (now - previous))
+        rss.append(_rss_kib(pid))
+        last, previous = ticks, now
+    stop.set()
+    if worker:
+        worker.join()
+    elapsed = time.monotonic() - began
+    ordered = sorted(per_s)
+    return Usage(
+        (last - first) / TICK / elapsed * 60,
+        ordered[len(ordered) // 2],
+        ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        statistics.median(rss) / 1024,
+        max(rss) / 1024,
     )
-    plugin = subprocess.Popen(
-        [str(NODEAGENT), "sim", "exec", "--driver", "--", "sh", "-c", script],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        return latency(kubelet, calls, random.Random(1))
-    finally:
-        plugin.terminate()
-        plugin.wait(10)
-        kubelet.stop()
 
 
-_PLUGIN = """
-import signal, sys, threading
-from pathlib import Path
-from nodeagent.agent.backend import open_node
-from nodeagent.config.schema import load_agent_config
-from nodeagent.runtime.snapshots import SnapshotStore
-from nodeagent_device_plugin.component import build
-node = open_node(simulate=sys.argv[1], state_dir=Path(sys.argv[2]))
-snapshots = SnapshotStore()
-snapshots.publish(node.snapshot())
-section = {"device_plugin": {"kubelet_dir": sys.argv[3]}}
-config = load_agent_config(None, environ={}, overrides=section)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-build(config, snapshots, None).run(stop)
-node.close()
-"""
+STORM_XIDS = (13, 31, 43, 63, 94)
 
 
-def nodeagents(
-    state: Path, preset: str, directory: Path, calls: int
-) -> dict[str, tuple[float, float]]:
-    """nodeagent's device plugin component in a process of its own, as NVIDIA's runs."""
-    kubelet = TestKubelet(directory)
-    kubelet.start()
-    plugin = subprocess.Popen(
-        [sys.executable, "-c", _PLUGIN, preset, str(state), str(directory)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        return latency(kubelet, calls, random.Random(1))
-    finally:
-        plugin.terminate()
-        plugin.wait(10)
-        kubelet.stop()
+def storm(control: SimControl, gpus: list[int]) -> Callable[[threading.Event], None]:
+    """XIDs round-robin over ``gpus``, 20 a second, until stopped; faults cleared at the end."""
+
+    def run(stop: threading.Event) -> None:
+        n = 0
+        while not stop.wait(0.05):
+            control.inject("xid", gpus[n % len(gpus)], code=STORM_XIDS[n % len(STORM_XIDS)])
+            n += 1
+        for gpu in gpus:
+            control.clear(gpu)
+
+    return run
 
 
 def cdi_times(bin_dir: Path, env: dict[str, str], work: Path, runs: int) -> tuple[float, float]:
@@ -183,32 +345,163 @@ def cdi_times(bin_dir: Path, env: dict[str, str], work: Path, runs: int) -> tupl
     return ctk_s, ours_s
 
 
+def gpu_uuids(env: dict[str, str]) -> list[str]:
+    """GPU UUIDs by index, as ``nodeagent gpus --json`` reports them."""
+    import json
+
+    out = subprocess.run(
+        [str(NODEAGENT), "gpus", "--json"], env=env, capture_output=True, text=True, check=True
+    )
+    return [g["uuid"] for g in sorted(json.loads(out.stdout), key=lambda g: g["index"])]
+
+
+def die(message: str) -> NoReturn:
+    """Bad input or a missing prerequisite: one line on stderr, exit 2."""
+    print(f"{Path(sys.argv[0]).stem}: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so that both plugins and their kubelets are stopped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("peer_device_plugin: terminated"))
+
+
+def setup(preset: str, work: Path) -> tuple[Path, dict[str, str], Path]:
+    """The peers' bin directory, the environment naming the simulated node, its state dir."""
+    if os.geteuid() != 0:
+        die("needs root (NVIDIA's plugin runs in a mount namespace); run it with sudo")
+    bin_dir = peers()
+    if not (bin_dir / "nvidia-device-plugin").is_file():
+        die("NVIDIA's tools are not built; run make nvidia-peers libnvml")
+    state = work / "node"
+    env = {**os.environ, "NODEAGENT_SIM_STATE": str(state), "NODEAGENT_SIMULATE": preset}
+    made = subprocess.run([str(NODEAGENT), "gpus"], env=env, capture_output=True, text=True)
+    if made.returncode != 0:  # an unknown preset, say: nodeagent's own one-line reason
+        why = (made.stderr.strip() or made.stdout.strip() or "nodeagent gpus failed").splitlines()
+        die(f"--preset {preset}: {why[-1]}")
+    return bin_dir, env, state
+
+
+@dataclass
+class Measured:
+    """Everything measured for one plugin."""
+
+    allocate: tuple[float, float]
+    preferred: tuple[float, float]
+    idle: Usage
+    xid: list[XidResult]  # one per round; rounds stop at the first that never recovers
+    storm: Usage
+
+
+def measure(
+    run: Running, control: SimControl, uuids: list[str], args: argparse.Namespace
+) -> Measured:
+    times = latency(run, args.calls, random.Random(1))
+    idle = usage(run.pid, args.idle_s, None)
+    # Before the storm: NVIDIA's plugin never marks a device healthy again.
+    xid: list[XidResult] = []
+    while len(xid) < args.xid_rounds and (not xid or xid[-1].recovered_s is not None):
+        xid.append(xid79(run, control, args.xid_gpu, uuids[args.xid_gpu], args.recover_s))
+    storm_gpus = [g for g in range(min(len(uuids), 5)) if g != args.xid_gpu][:4]
+    loaded = usage(run.pid, args.storm_s, storm(control, storm_gpus))
+    return Measured(times["Allocate"], times["GetPreferredAllocation"], idle, xid, loaded)
+
+
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}" if theirs > 0 else "- (NVIDIA's 0)"
+
+
+def _ms(pair: tuple[float, float]) -> str:
+    return f"{pair[0]:.2f} / {pair[1]:.2f} ms"
+
+
+def _s(value: float | None, never: str) -> str:
+    return never if value is None else f"{value:.2f} s"
+
+
+def report(a: Measured, b: Measured, cdi: tuple[float, float], args: argparse.Namespace) -> None:
+    """The table: NVIDIA's plugin (a), nodeagent (b), and their ratio."""
+    print(f"preset {args.preset}, {args.calls} calls each, one simulated node; both plugins pay")
+    print("the same simulator (NVIDIA's through the C library in its own process), so compare")
+    print("ratios rather than absolute numbers\n")
+    print("| measure | NVIDIA's plugin | nodeagent | nodeagent / NVIDIA |")
+    print("|---|---|---|---|")
+    for name, x, y in (
+        ("Allocate", a.allocate, b.allocate),
+        ("GetPreferredAllocation", a.preferred, b.preferred),
+    ):
+        print(f"| {name} p50 / p99 | {_ms(x)} | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |")
+
+    def xids(rounds: list[XidResult], what: str, limit_s: float) -> str:
+        values = [getattr(r, what) for r in rounds]
+        if None in values:
+            done = [v for v in values if v is not None]
+            return f"never ({limit_s:.0f} s)" + (f" after {len(done)} round(s)" if done else "")
+        ordered = sorted(values)
+        return f"{ordered[len(ordered) // 2]:.2f} / {ordered[-1]:.2f} s ({len(ordered)} rounds)"
+
+    count_a = max(r.unhealthy_count for r in a.xid)
+    count_b = max(r.unhealthy_count for r in b.xid)
+    print(
+        f"| XID 79 on GPU {args.xid_gpu} -> Unhealthy on ListAndWatch, median / max | "
+        f"{xids(a.xid, 'unhealthy_s', UNHEALTHY_WAIT_S)}; {count_a} device(s) Unhealthy | "
+        f"{xids(b.xid, 'unhealthy_s', UNHEALTHY_WAIT_S)}; {count_b} device(s) Unhealthy | |"
+    )
+    print(
+        "| cleared -> that GPU Healthy again, median / max | "
+        f"{xids(a.xid, 'recovered_s', args.recover_s)} | "
+        f"{xids(b.xid, 'recovered_s', args.recover_s)} | |"
+    )
+    for label, ua, ub in (
+        (f"idle {args.idle_s:.0f} s", a.idle, b.idle),
+        (f"XID storm {args.storm_s:.0f} s", a.storm, b.storm),
+    ):
+        print(
+            f"| CPU, {label}: s per minute (per-second p50 / p99) | "
+            f"{ua.cpu_s_per_min:.2f} ({ua.cpu_p50:.3f} / {ua.cpu_p99:.3f}) | "
+            f"{ub.cpu_s_per_min:.2f} ({ub.cpu_p50:.3f} / {ub.cpu_p99:.3f}) | "
+            f"{_ratio(ub.cpu_s_per_min, ua.cpu_s_per_min)} |"
+        )
+        print(
+            f"| RSS, {label}: median / peak | "
+            f"{ua.rss_median_mib:.0f} / {ua.rss_peak_mib:.0f} MiB | "
+            f"{ub.rss_median_mib:.0f} / {ub.rss_peak_mib:.0f} MiB | "
+            f"{ub.rss_median_mib / ua.rss_median_mib:.2f} |"
+        )
+    ctk_s, ours_s = cdi
+    print(
+        f"| CDI spec for the node (process, median) | {ctk_s:.2f} s | {ours_s:.2f} s | "
+        f"{ours_s / ctk_s:.2f} |"
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--preset", default="dgx-h100")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--cdi-runs", type=int, default=5)
+    parser.add_argument("--idle-s", type=float, default=60)
+    parser.add_argument("--storm-s", type=float, default=30)
+    parser.add_argument("--recover-s", type=float, default=30)
+    parser.add_argument("--xid-gpu", type=int, default=3)
+    parser.add_argument("--xid-rounds", type=int, default=5)
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("peer_device_plugin: needs root (NVIDIA's plugin runs in a mount namespace)")
-    bin_dir = peers()
-    if not (bin_dir / "nvidia-device-plugin").is_file():
-        sys.exit("peer_device_plugin: NVIDIA's tools are not built; run make nvidia-peers")
+    stop_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="peer-bench-", dir="/tmp") as tmp:
         work = Path(tmp)
-        state = work / "node"
-        env = {**os.environ, "NODEAGENT_SIM_STATE": str(state), "NODEAGENT_SIMULATE": args.preset}
-        subprocess.run([str(NODEAGENT), "gpus"], env=env, capture_output=True, check=True)
-        theirs = nvidias(bin_dir, env, work / "nvidia", args.calls)
-        ours = nodeagents(state, args.preset, work / "nodeagent", args.calls)
-        ctk_s, ours_s = cdi_times(bin_dir, env, work, args.cdi_runs)
-    print(f"preset {args.preset}, {args.calls} calls each, one simulated node\n")
-    print("| measure | NVIDIA's plugin | nodeagent |")
-    print("|---|---|---|")
-    for name in ("Allocate", "GetPreferredAllocation"):
-        a, b = theirs[name], ours[name]
-        print(f"| {name} p50 / p99 | {a[0]:.2f} / {a[1]:.2f} ms | {b[0]:.2f} / {b[1]:.2f} ms |")
-    print(f"| CDI spec for the node (process, median) | {ctk_s:.2f} s | {ours_s:.2f} s |")
+        bin_dir, env, state = setup(args.preset, work)
+        control = SimControl(state)
+        uuids = gpu_uuids(env)
+        if not 0 <= args.xid_gpu < len(uuids):
+            die(f"--xid-gpu {args.xid_gpu}: {args.preset} has GPUs 0-{len(uuids) - 1}")
+        with nvidia(bin_dir, env, work / "nvidia") as run:
+            theirs = measure(run, control, uuids, args)
+        for gpu in range(len(uuids)):
+            control.clear(gpu)
+        with nodeagent(env, work / "nodeagent") as run:
+            ours = measure(run, control, uuids, args)
+        cdi = cdi_times(bin_dir, env, work, args.cdi_runs)
+    report(theirs, ours, cdi, args)
 
 
 if __name__ == "__main__":

@@ -251,13 +251,18 @@ def sim_state() -> Iterator[Path]:
 def _simulated_remaining(
     model: GpuModel, instances: list[dict[str, Any]], driver: str, state: Path
 ) -> Any:
-    """The simulator's remaining capacity per profile ID beside the same instances."""
+    """The simulator's remaining capacity per profile ID beside the same instances.
+
+    ``state`` must be this GPU's own directory: the layout is rebuilt on a fresh simulated node,
+    and a second GPU of the same model in the same directory would meet the first one's
+    instances (MIG already on, slices taken).
+    """
     preset = next((p.name for p in PRESETS.values() if p.model == model.key), None)
     if preset is None:
         return None
     # The same driver, so that profiles carry the names the real one gives them.
-    SimControl(state / model.key, preset).inject("driver", 0, version=driver)
-    node: GpuNode = open_node(simulate=preset, state_dir=state / model.key)
+    SimControl(state, preset).inject("driver", 0, version=driver)
+    node: GpuNode = open_node(simulate=preset, state_dir=state)
     try:
         node.set_mig_mode(0, True)
         for gi in instances:
@@ -280,8 +285,9 @@ def test_remaining_capacity_matches_the_simulator(
 
     def beside_the_simulator() -> Iterator[tuple[Gpu, dict[str, Any], Any]]:
         for gpu, model in _mig_on(hw_record):
+            scratch = sim_state / f"gpu{gpu['info']['index']}"  # one node per GPU: see above
             simulated = _simulated_remaining(
-                model, gpu["mig"]["instances"], hw_record["driver_version"], sim_state
+                model, gpu["mig"]["instances"], hw_record["driver_version"], scratch
             )
             if simulated is None:
                 continue  # no preset of this model to rebuild the layout on

@@ -73,10 +73,9 @@ def _through_the_library(libdir: Path, state: Path) -> dict[str, str]:
     return env | {ENV_STATE: str(state), "LD_LIBRARY_PATH": str(libdir), "PYTHONPATH": str(REPO)}
 
 
-# gh200: one MIG GPU of the Hopper generation (GPM too). The suite's remaining-capacity check
-# rebuilds each GPU's layout in one scratch simulator per model, so a node with several GPUs of
-# a model and MIG on fails it whatever NVML answers (reported; tests/hardware is not ours).
-@pytest.mark.parametrize("preset", ["gh200"])
+# gh200: one MIG GPU of the Hopper generation (GPM too). a30x4: several MIG GPUs of one model,
+# each rebuilt on a scratch node of its own by the remaining-capacity check.
+@pytest.mark.parametrize("preset", ["gh200", "a30x4"])
 def test_hardware_suite_passes_through_the_c_library(
     preset: str, libdir: Path, tmp_path: Path
 ) -> None:

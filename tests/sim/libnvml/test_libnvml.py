@@ -309,6 +309,53 @@ def test_nvidia_ml_py_loads_the_library(libdir: Path, tmp_path: Path) -> None:
     assert got["bus"].lower() == cli["pci_bus_id"].lower()
 
 
+_ATTRIBUTES = """
+import json, pynvml
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+try:
+    pynvml.nvmlDeviceGetAttributes_v2(gpu)
+    whole = "answered"
+except pynvml.NVMLError as exc:
+    whole = exc.value
+mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+attrs = pynvml.nvmlDeviceGetAttributes_v2(mig)
+gi = pynvml.nvmlDeviceGetGpuInstanceById(gpu, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+profile_id = pynvml.nvmlGpuInstanceGetInfo(gi).profileId
+for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+    try:
+        profile = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(gpu, index)
+    except pynvml.NVMLError:
+        continue
+    if profile.id == profile_id:
+        break
+print(json.dumps({"whole": whole, "slices": [attrs.gpuInstanceSliceCount, profile.sliceCount],
+    "memory": [attrs.memorySizeMB, profile.memorySizeMB], "sms": attrs.multiprocessorCount}))
+pynvml.nvmlShutdown()
+"""
+
+
+def test_device_attributes_answer_for_mig_devices_only(libdir: Path, tmp_path: Path) -> None:
+    """nvml.h: nvmlDeviceGetAttributes "currently only supports MIG device handles"; a whole
+    GPU gets NOT_SUPPORTED ("not supported by the device"), a MIG device its profile's sizes."""
+    env = _node(tmp_path, "dgx-a100") | {"LD_LIBRARY_PATH": str(libdir)}
+    _apply_mig(env, tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", _ATTRIBUTES],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got: dict[str, Any] = json.loads(out.stdout)
+    assert got["whole"] == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert got["slices"][0] == got["slices"][1] > 0
+    assert got["memory"][0] == got["memory"][1] > 0
+    assert got["sms"] > 0
+
+
 def test_missing_compiler_is_one_clear_line(header: Path, tmp_path: Path) -> None:
     env = {
         **os.environ,
