@@ -57,8 +57,14 @@ _COLOURS = {
 }
 
 
+# What a chart with nothing to draw says, as the sections' empty tables do (not a blank area).
+_NONE = "<p>none</p>"
+
+
 def _stacked_bars(review: Review) -> str:
-    """Inline SVG: one horizontal bar per tier, stacked by health."""
+    """Inline SVG: one horizontal bar per tier, stacked by health; "none" without tiers."""
+    if not review.tiers:
+        return _NONE
     width, row, left = 640, 28, 130
     biggest = max((r.nodes for r in review.tiers), default=0) or 1
     height = row * len(review.tiers) + 40
@@ -94,7 +100,9 @@ def _stacked_bars(review: Review) -> str:
 
 
 def _simple_bars(title: str, values: Mapping[str, float]) -> str:
-    """Inline SVG: a vertical bar per key."""
+    """Inline SVG: a vertical bar per key; "none" when every value is 0, as empty tables say."""
+    if not any(values.values()):
+        return _NONE
     width, height, base = 640, 200, 170
     keys = list(values)
     top = max(values.values(), default=0) or 1

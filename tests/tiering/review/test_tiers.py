@@ -29,9 +29,11 @@ from nodeagent.testing.kube.deploy import Identities, install_identities
 from nodeagent.testing.kube.nodes import KubeletStandIn, NodeSet, pod_manifest
 from nodeagent_tiering.cluster.cluster_api import Kube, api_client
 from nodeagent_tiering.cluster.informer import NodeCache
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.tier_policy import parse_policy
 from nodeagent_tiering.drain.controller import Controller
-from nodeagent_tiering.review.tiers import MIG_CONFIG_LABEL
+from nodeagent_tiering.review.render import render_html
+from nodeagent_tiering.review.tiers import MIG_CONFIG_LABEL, build_review
 from tests.tiering.conftest import POLICY, gpu_labels
 
 NAMESPACE = "review"
@@ -230,3 +232,23 @@ def test_dry_run_once_prints_and_changes_nothing(review_plane, tmp_path):
         assert asked == {("list", "nodes")}, "a dry run reads the nodes, nothing else"
     finally:
         nodes.delete_all()
+
+
+def test_html_charts_with_nothing_to_draw_say_none() -> None:
+    # Two tiers, no drain Events: the drain charts say "none", the node chart still draws.
+    nodes = [
+        Node(f"n{i}", labels={lbl.TIER: tier}, allocatable={"nvidia.com/gpu": 8})
+        for i, tier in enumerate(("training", "inference"))
+    ]
+    review = build_review(nodes, [], policy=None, now_s=time.time(), period_s=86400.0)
+    page = render_html(review, generated="now")
+    for title in ("Drains per tier", "Drain causes"):
+        after = page.split(f"<h2>{title}</h2>", 1)[1].lstrip()
+        assert after.startswith("<p>none</p>"), f"{title}: {after[:80]}"
+    # Nodes by health draws; GPUs per tier counts what agents published, none here: "none".
+    assert len(re.findall(r"<svg ", page)) == 1
+    empty = render_html(
+        build_review([], [], policy=None, now_s=0.0, period_s=86400.0), generated="now"
+    )
+    assert "<svg" not in empty
+    assert empty.count("<p>none</p>") >= 4
