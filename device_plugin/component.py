@@ -56,12 +56,16 @@ class DevicePluginComponent:
         Without a ``kubelet.sock`` (a bare host, or the kubelet not started yet) there is nothing
         to wait for: holding READY back would only make systemd time out and restart the agent.
         Once a kubelet listens, readiness waits for registration, so a rolling update of the
-        DaemonSet moves on only after the new agent advertises its devices.
+        DaemonSet moves on only after the new agent advertises its devices. After that it holds:
+        a resource re-served for a MIG change (GPU by GPU) or a new kubelet registers again
+        within a second, and a readiness probe that caught those moments would mark the agent's
+        pod NotReady again and again while it serves; the log says when a registration fails.
         """
         manager = self.manager
         if manager is None:
             return False
-        return manager.registered or not manager.kubelet_present
+        registered_once = manager.registration_count > 0  # this manager, any kubelet
+        return registered_once or manager.registered or not manager.kubelet_present
 
     def advertised(self) -> dict[str, dict[str, bool]]:
         """What the plugin serves to the kubelet: resource -> {device ID: healthy}.

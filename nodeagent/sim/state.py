@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 STATE_FILE = "state.json"
 LOCK_FILE = "state.json.lock"
 SCHEMA_VERSION = 1
+MADE_UP_PID_START = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux
 STAT_TTL_S = 0.002  # reads within this long of the last stat trust it (see read())
 # Writes made through any store of this process, by state file: a store whose cache predates
 # the latest local write re-reads at once instead of trusting its stat cache.
@@ -166,7 +167,10 @@ def new_state(preset_name: str, now: float) -> State:
         "created_s": now,
         "driver_version": presets.DRIVER_VERSION,
         "cuda_driver_version": presets.CUDA_DRIVER_VERSION,
-        "next_pid": 4000,  # fake PIDs come from this counter
+        # Made-up PIDs start at Linux's PID_MAX_LIMIT (2^22), above any PID the kernel gives:
+        # a made-up process never names a live host process, whose cgroup (not a pod's) would
+        # otherwise decide its attribution.
+        "next_pid": MADE_UP_PID_START,
         "next_serial": 1,  # creation serial for instances (stale handle detection, MIG UUIDs)
         "event_seq": 0,
         "events": [],

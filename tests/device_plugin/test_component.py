@@ -73,6 +73,54 @@ def test_runs_from_snapshots_in_the_override_dir_and_reloads(make_node, short_di
     assert list((short_dir / "kubelet").glob("nodeagent-*.sock")) == []
 
 
+def test_readiness_holds_while_a_mig_change_re_serves_resources(make_node, short_dir) -> None:
+    # A MIG layout applied GPU by GPU re-serves resources one after another, each registering
+    # again half a second after its old server stops. /readyz follows this readiness: had it
+    # dropped in each of those windows, the agent's pod would flap NotReady while it serves.
+    node = make_node("a30x4")
+    config = make_config(
+        {"device_plugin": {"mig_strategy": "mixed", "kubelet_dir": str(short_dir / "kubelet")}}
+    )
+    snapshots = SnapshotStore()
+    snapshots.publish(node.snapshot())
+    component = build(config, snapshots, None)
+    kubelet = TestKubelet(short_dir / "kubelet")
+    kubelet.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=component.run, args=(stop,), daemon=True)
+    thread.start()
+    seen: list[tuple[bool, bool]] = []  # (component ready, every resource registered)
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            manager = component.manager
+            if manager is not None:
+                seen.append((component.ready, manager.registered))
+            time.sleep(0.005)
+
+    try:
+        kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 4)
+        assert kubelet.wait(lambda: component.ready)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for index, profiles in enumerate([["4g.24gb"], ["2g.12gb", "2g.12gb"]]):
+            enable_mig(node, {index: profiles})
+            snapshots.publish(node.snapshot())
+            kubelet.wait_devices("nvidia.com/gpu", lambda d, left=3 - index: len(d) == left)
+        kubelet.wait_devices("nvidia.com/mig-2g.12gb", lambda d: len(d) == 2)
+        assert kubelet.wait(lambda: component.manager is not None and component.manager.registered)
+        watching.set()
+        watcher.join(5)
+    finally:
+        watching.set()
+        stop.set()
+        thread.join(5)
+        kubelet.stop()
+    assert any(not registered for _, registered in seen), "no re-registration window was seen"
+    assert all(ready for ready, _ in seen)
+
+
 @pytest.mark.parametrize("fail_on_init_error", [True, False])
 def test_a_layout_single_cannot_serve_is_said_once_and_served_once_fixed(
     make_node, short_dir, caplog, fail_on_init_error

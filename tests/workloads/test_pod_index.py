@@ -7,6 +7,7 @@ from kubernetes import client
 from nodeagent.kube.pods import PodIndexPoller, container_id
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent.testing.kube.nodes import create_node, pod_manifest
+from nodeagent.testing.waiting import wait_until
 
 CID = "f" * 64
 
@@ -44,7 +45,10 @@ def test_lists_only_this_nodes_pods_with_their_container_ids(
             },
         )
         poller = PodIndexPoller(core, here, 1.0)
-        index = poller.poll()
+        # The agent lists again every interval; a list answered from the API server's watch
+        # cache may trail the status patch by a moment (seen once in a full run).
+        assert wait_until(lambda: CID in getattr(poller.poll(), "containers", {}), timeout_s=10)
+        index = poller.latest
         assert index is not None
         mine_pods = {uid: ref for uid, ref in index.pods.items() if ref[0] == kube_ns}
         assert mine_pods == {mine.metadata.uid: (kube_ns, "mine")}

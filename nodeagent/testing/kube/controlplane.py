@@ -637,10 +637,21 @@ class ControlPlane:
         self.components["kube-apiserver"].kill()
 
     def start_apiserver(self, timeout_s: float = 60.0) -> None:
-        """Start kube-apiserver again on the same port, after :meth:`stop_apiserver`."""
+        """Start kube-apiserver again on the same port, after :meth:`stop_apiserver`.
+
+        A client that was still starting when the API server went away may have given up:
+        kube-controller-manager exits when it cannot build its controllers. Any component that
+        exited during the outage is started again, as a supervisor (the kubelet of a static
+        pod, systemd) would restart it.
+        """
         component = self.components["kube-apiserver"]
         component.start()
         self._wait(component, timeout_s, self._apiserver_ready)
+        for name, other in self.components.items():
+            exited = other.process is not None and other.process.poll() is not None
+            if other is not component and exited:  # stopped on purpose: process is None
+                log.warning("%s exited during the API server outage; starting it again", name)
+                other.start()
 
     # kube-scheduler and kube-controller-manager
 
