@@ -23,11 +23,19 @@ VERSIONS = ("v1beta2", "v1beta1")  # what nodeagent can speak, most preferred fi
 
 @dataclass(frozen=True, slots=True)
 class Kind:
-    """One Kueue kind as the REST API names it."""
+    """One kind of the quota policy's objects as the REST API names it: Kueue's, in the version
+    the cluster serves, or (``group``/``version`` set) one of kube-apiserver's own."""
 
     kind: str
     plural: str
     namespaced: bool
+    group: str = GROUP
+    version: str = ""  # "": the Kueue version the cluster serves (:class:`KueueApi`)
+
+    @property
+    def api_version(self) -> str:
+        """``group/version`` of a kind with a fixed version."""
+        return f"{self.group}/{self.version}"
 
 
 RESOURCE_FLAVOR = Kind("ResourceFlavor", "resourceflavors", namespaced=False)
@@ -35,7 +43,26 @@ CLUSTER_QUEUE = Kind("ClusterQueue", "clusterqueues", namespaced=False)
 COHORT = Kind("Cohort", "cohorts", namespaced=False)
 LOCAL_QUEUE = Kind("LocalQueue", "localqueues", namespaced=True)
 WORKLOAD = Kind("Workload", "workloads", namespaced=True)
-KINDS = {k.kind: k for k in (RESOURCE_FLAVOR, CLUSTER_QUEUE, COHORT, LOCAL_QUEUE, WORKLOAD)}
+# The request templates (quota/templates.py): kube-apiserver's, GA since Kubernetes 1.30.
+ADMISSION = "admissionregistration.k8s.io"
+VALIDATING_POLICY = Kind(
+    "ValidatingAdmissionPolicy", "validatingadmissionpolicies", False, ADMISSION, "v1"
+)
+VALIDATING_BINDING = Kind(
+    "ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings", False, ADMISSION, "v1"
+)
+KINDS = {
+    k.kind: k
+    for k in (
+        RESOURCE_FLAVOR,
+        CLUSTER_QUEUE,
+        COHORT,
+        LOCAL_QUEUE,
+        WORKLOAD,
+        VALIDATING_POLICY,
+        VALIDATING_BINDING,
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +75,7 @@ class KueueApi:
     """
 
     version: str
-    plurals: frozenset[str] = frozenset(k.plural for k in KINDS.values())
+    plurals: frozenset[str] = frozenset(k.plural for k in KINDS.values() if k.group == GROUP)
 
     @property
     def api_version(self) -> str:
@@ -56,8 +83,13 @@ class KueueApi:
         return f"{GROUP}/{self.version}"
 
     def serves(self, kind: Kind) -> bool:
-        """Whether the cluster serves ``kind`` in this version."""
-        return kind.plural in self.plurals
+        """Whether the cluster serves ``kind`` in this version (kube-apiserver's own kinds:
+        always)."""
+        return kind.group != GROUP or kind.plural in self.plurals
+
+    def version_of(self, kind: Kind) -> str:
+        """The version to read and write ``kind`` in."""
+        return kind.version or self.version
 
     @property
     def cohort_field(self) -> str:

@@ -17,10 +17,27 @@ from typing import Any
 from nodeagent_tiering.cluster import JSON, kueue, units
 from nodeagent_tiering.cluster.cluster_api import KubeError
 from nodeagent_tiering.quota.flavors import FIELD_MANAGER, KueueClient
+from nodeagent_tiering.quota.policy import QuotaPolicy, render
+from nodeagent_tiering.quota.templates import admission_objects
 
-# The order objects are applied in (flavors before the queues that name them) and pruned in
-# (the reverse).
-ORDER = (kueue.RESOURCE_FLAVOR, kueue.COHORT, kueue.CLUSTER_QUEUE, kueue.LOCAL_QUEUE)
+# The order objects are applied in (flavors before the queues that name them, a policy before
+# its binding) and pruned in (the reverse).
+ORDER = (
+    kueue.RESOURCE_FLAVOR,
+    kueue.COHORT,
+    kueue.CLUSTER_QUEUE,
+    kueue.LOCAL_QUEUE,
+    kueue.VALIDATING_POLICY,
+    kueue.VALIDATING_BINDING,
+)
+
+
+def policy_objects(
+    policy: QuotaPolicy, api: kueue.KueueApi, *, include_flavors: bool = True
+) -> list[JSON]:
+    """Everything the policy becomes, in the order to apply it: Kueue's objects, then the
+    request templates' admission policies and bindings."""
+    return [*render(policy, api, include_flavors=include_flavors), *admission_objects(policy)]
 
 
 def describe(obj: Mapping[str, Any]) -> str:
@@ -105,8 +122,9 @@ def apply_objects(
     """
     report = ApplyReport()
     kinds = [k for k in ORDER if api.serves(k)]
+    # Items of a built-in kind's list carry no kind of their own (a custom resource's do).
     existing: dict[str, dict[tuple[str, str], JSON]] = {
-        k.kind: {_key(o): o for o in kube.list_kueue(api, k)} for k in kinds
+        k.kind: {_key(o): {"kind": k.kind, **o} for o in kube.list_kueue(api, k)} for k in kinds
     }
     wanted: dict[str, set[tuple[str, str]]] = {k.kind: set() for k in kinds}
     for obj in objects:
@@ -138,7 +156,10 @@ def apply_objects(
                 report.stale.append(describe(obj))
                 continue
             try:
-                kube.delete_kueue(api, kind, obj)
+                # The uid only: Kueue writes the queues' status and the API server an admission
+                # policy's type check moments after they change, so the version read is soon
+                # stale; the object is still the one listed, nodeagent's and not in the policy.
+                kube.delete_kueue(api, kind, obj, same_version=False)
                 report.pruned.append(describe(obj))
             except KubeError as exc:
                 if exc.status != 404:

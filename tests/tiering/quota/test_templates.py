@@ -1,0 +1,137 @@
+"""Request templates on the real API server: a tier's allowed GPU shapes refuse (hard) or warn
+about (soft) a Job or pod submitted to it with another shape, naming the nearest allowed one;
+what is not submitted to the tier is not checked."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from nodeagent import labels as lbl
+from nodeagent.testing.kube.nodes import pod_manifest
+from nodeagent_tiering.quota.apply import apply_objects, policy_objects
+from nodeagent_tiering.quota.policy import QuotaPolicyError
+from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
+
+
+def job(name: str, queue: str | None, resources: dict[str, str]) -> dict[str, Any]:
+    spec = pod_manifest("main", resources=resources)["spec"]
+    labels = {lbl.KUEUE_QUEUE_NAME: queue} if queue else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "suspend": True,
+            "template": {"spec": {**spec, "restartPolicy": "Never"}},
+        },
+    }
+
+
+def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: KueueEnv) -> None:
+    train, shared = env.name("train"), env.name("shared")
+    a, b = env.namespace("a"), env.namespace("b")
+    gpu = {"nvidia.com/gpu": {"guaranteed": 8}}
+    mig = {"nvidia.com/mig-1g.10gb": {"guaranteed": 7}}
+    policy = quota_policy(
+        {
+            "version": "v1",
+            "tiers": {train: {"templates": {"type": "hard", "gpus": [1, 2, 4, 8]}}},
+            "teams": [
+                {"name": env.name("a"), "namespaces": [a],
+                 "tiers": {train: {"resources": gpu}}},
+                {"name": env.name("b"), "namespaces": [b],
+                 "tiers": {train: {"resources": gpu},
+                           shared: {"resources": mig, "templates": {
+                               "mig": ["3g.40gb", "1g.10gb"]}}}},
+            ],
+        }
+    )  # fmt: skip
+    report = apply_objects(env.kube, env.api, policy_objects(policy, env.api))
+    assert report.ok, report.lines()
+    assert f"ValidatingAdmissionPolicy nodeagent-templates-{train}: applied" in report.lines()
+    assert (
+        f"ValidatingAdmissionPolicyBinding nodeagent-templates-{shared}-{env.name('b')}: applied"
+        in report.lines()
+    )
+
+    def submit(namespace: str, obj: dict[str, Any]) -> str:
+        """``kubectl create``: what it prints, warnings (stderr) included; "refused: ..." when
+        the API server refused it."""
+        done = subprocess.run(
+            [str(env.plane.bin / "kubectl"), "--kubeconfig", str(env.plane.admin.path),
+             "create", "-n", namespace, "-f", "-"],
+            input=yaml.safe_dump(obj), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        out = done.stdout + done.stderr
+        return out if done.returncode == 0 else f"refused: {out}"
+
+    def until(namespace: str, make: Callable[[str], dict[str, Any]], seen: str) -> str:
+        """Submit fresh copies until the output says ``seen``: the API server takes a new
+        policy up a moment after it is written."""
+        tries: list[str] = []
+
+        def once() -> str | None:
+            tries.append(submit(namespace, make(f"try-{len(tries)}")))
+            return tries[-1] if seen in tries[-1] else None
+
+        found: str = wait_for(once, 60, f"{seen!r} from the API server (last: {tries[-1:]})")
+        return found
+
+    refused = until(a, lambda name: job(name, train, {"nvidia.com/gpu": "3"}), "refused")
+    assert (
+        f"nvidia.com/gpu: 3 per pod is not a shape tier {train} allows (1, 2, 4, 8); "
+        "the nearest allowed is 4"
+    ) in refused, refused
+    assert "job.batch/four created" in submit(a, job("four", train, {"nvidia.com/gpu": "4"}))
+    too_big = submit(a, job("sixteen", train, {"nvidia.com/gpu": "16"}))
+    assert "the nearest allowed is 8" in too_big, too_big
+    # Not submitted to the tier (no queue label): not the tier's rule to check.
+    assert "job.batch/free created" in submit(a, job("free", None, {"nvidia.com/gpu": "3"}))
+    # A plain pod (Kueue's pod integration) is checked as well.
+    pod = pod_manifest("p3", gpus=3, labels={lbl.KUEUE_QUEUE_NAME: train})
+    assert "refused" in submit(b, pod)
+
+    # Team b's own soft rule in the shared tier: admitted, with the warning kubectl prints.
+    asked = {"nvidia.com/mig-2g.20gb": "1"}
+    warned = until(b, lambda name: job(name, shared, asked), "Warning")
+    assert "created" in warned, warned
+    assert (
+        f"nvidia.com/mig-2g.20gb is not a MIG profile tier {shared} (team {env.name('b')}) "
+        "allows (1g.10gb, 3g.40gb); the nearest allowed is 3g.40gb"
+    ) in warned, warned
+    ok = submit(b, job("m-ok", shared, {"nvidia.com/mig-1g.10gb": "1"}))
+    assert "created" in ok, ok
+    assert "Warning" not in ok, ok
+    batch = client.BatchV1Api(env.api_client)
+    assert batch.read_namespaced_job("m-ok", b).metadata.name == "m-ok"
+
+
+@pytest.mark.parametrize(
+    ("templates", "says"),
+    [
+        ({}, "a template names gpus (counts), mig (profiles) or both"),
+        ({"gpus": [0]}, "0 is not a GPU count"),
+        ({"gpus": [2, 2]}, "a count is listed twice"),
+        ({"mig": ["3g40gb"]}, "'3g40gb' is not a MIG profile name such as 3g.40gb"),
+        ({"type": "strict", "gpus": [1]}, "templates.type"),
+    ],
+)
+def test_a_bad_template_is_one_line_naming_the_field(templates: dict[str, Any], says: str) -> None:
+    data = {
+        "version": "v1",
+        "tiers": {"train": {"templates": templates}},
+        "teams": [
+            {"name": "a", "namespaces": ["a"],
+             "tiers": {"train": {"resources": {"nvidia.com/gpu": {"guaranteed": 1}}}}},
+        ],
+    }  # fmt: skip
+    with pytest.raises(QuotaPolicyError) as err:
+        quota_policy(data)
+    assert says in str(err.value), str(err.value)
+    assert "tiers.train.templates" in str(err.value), str(err.value)
