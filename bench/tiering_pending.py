@@ -28,9 +28,15 @@ validating the file (:func:`load_cluster`, the project's YAML reader), building 
 nodes and running the pass -- target p99 < 5 s for the whole command. Baseline, same run, once:
 the reader it replaced (PyYAML's pure-Python composer, then ``safe_load`` again for the data).
 
+Third part, jobs waiting in Kueue (issue 27): ``--workloads`` suspended jobs' Workloads (10,000:
+8- to 64-GPU jobs of 12 teams, each team's LocalQueue over its ClusterQueue, 3 cohorts of 4),
+parsed as the service's informer parses them, over the same 5,000 nodes and 2,000 pending pods:
+the whole pass (pods and Workloads), median and p99 -- target p99 < 1 s; baseline, same run: the
+pass over the same view without the Workloads, so the ratio is what they add.
+
 Run: ``.venv/bin/python bench/tiering_pending.py [--nodes 5000] [--pods 50000]
-[--pending 2000] [--passes 30] [--file-pending 10000] [--file-passes 5] [--only-file 1]``
-(about 3 minutes on a 2-core VM).
+[--pending 2000] [--passes 30] [--workloads 10000] [--file-pending 10000] [--file-passes 5]
+[--only-file 1]`` (about 4 minutes on a 2-core VM).
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -56,7 +64,15 @@ from nodeagent.gpu.types import MigGeometry
 from nodeagent.published import PublishedGpu, PublishedInstance, PublishedNode, decode, encode
 from nodeagent_tiering.cluster.clusterfile import ClusterFile, load_cluster
 from nodeagent_tiering.cluster.nodes import Node, Taint
-from nodeagent_tiering.cluster.view import KUEUE_GATE, ClusterView, PodInfo, Scheduled, Toleration
+from nodeagent_tiering.cluster.view import (
+    KUEUE_GATE,
+    ClusterView,
+    PodInfo,
+    Scheduled,
+    Toleration,
+    cluster_queue_from_object,
+    workload_from_object,
+)
 from nodeagent_tiering.pending.diagnosis import Diagnoser
 from nodeagent_tiering.pending.results import Settings
 from nodeagent_tiering.simulate import simulate
@@ -213,6 +229,124 @@ def build(nodes: int, pods: int, pending: int, seed: int) -> ClusterView:
     return ClusterView(tuple(infos), tuple(running + waiting))
 
 
+def kueue_objects(count: int, seed: int) -> tuple[list[Any], dict[tuple[str, str], str], list[Any]]:
+    """``count`` suspended jobs' Workloads as Kueue writes them (not admitted, Kueue's message),
+    one LocalQueue per team, and the teams' ClusterQueues in 3 cohorts, parsed."""
+    rng = random.Random(seed)
+    gpu = "nvidia.com/gpu"
+    queues = []
+    for team in range(TEAMS):
+        quota = {"name": gpu, "nominalQuota": 64, "lendingLimit": 16}
+        queues.append(
+            cluster_queue_from_object(
+                {
+                    "metadata": {"name": f"team-{team}"},
+                    "spec": {
+                        "cohortName": f"pool-{team % 3}",
+                        "resourceGroups": [
+                            {
+                                "coveredResources": [gpu],
+                                "flavors": [{"name": "h100", "resources": [quota]}],
+                            }
+                        ],
+                    },
+                    "status": {
+                        "flavorsUsage": [
+                            {
+                                "name": "h100",
+                                "resources": [{"name": gpu, "total": str(rng.randint(40, 64))}],
+                            }
+                        ]
+                    },
+                }
+            )
+        )
+    local = {(f"team-{t}", "gpu"): f"team-{t}" for t in range(TEAMS)}
+    workloads = []
+    for k in range(count):
+        team = k % TEAMS
+        pods = rng.choice([1, 2, 4, 8])
+        container = {"name": "main", "resources": {"requests": {gpu: "8"}}}
+        message = (
+            f"couldn't assign flavors to pod set main: insufficient unused quota for {gpu} "
+            f"in flavor h100, {pods * 8} more needed"
+        )
+        workloads.append(
+            workload_from_object(
+                {
+                    "metadata": {
+                        "name": f"job-train-{k}-1a2b3",
+                        "namespace": f"team-{team}",
+                        "uid": f"wl-{k}",
+                        "creationTimestamp": "2026-12-05T10:00:00Z",
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "batch/v1",
+                                "kind": "Job",
+                                "name": f"train-{k}",
+                                "uid": f"job-{k}",
+                            }
+                        ],
+                    },
+                    "spec": {
+                        "queueName": "gpu",
+                        "podSets": [
+                            {
+                                "name": "main",
+                                "count": pods,
+                                "template": {"spec": {"containers": [container]}},
+                            }
+                        ],
+                    },
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "QuotaReserved",
+                                "status": "False",
+                                "reason": "Pending",
+                                "message": message,
+                                "lastTransitionTime": "2026-12-05T10:00:00Z",
+                            }
+                        ]
+                    },
+                }
+            )
+        )
+    return workloads, local, queues
+
+
+def workload_part(view: ClusterView, count: int, passes: int, seed: int) -> None:
+    print(f"jobs waiting in Kueue: {count} Workloads with no pod yet, over the same view")
+    t = time.perf_counter()
+    workloads, local, queues = kueue_objects(count, seed)
+    print(f"  parse the Workloads and queues                      {time.perf_counter() - t:7.2f} s")
+    with_jobs = replace(
+        view,
+        workloads=tuple(workloads),
+        kueue=True,
+        local_queues=local,
+        cluster_queues=tuple(queues),
+    )
+    settings = Settings()
+    measured: dict[str, list[float]] = {"with": [], "without": []}
+    found = 0
+    for _ in range(passes):  # interleaved, so both see the same machine
+        for key, v in (("with", with_jobs), ("without", view)):
+            t = time.perf_counter()
+            result = Diagnoser(v, settings, plan_for_diagnosis).run()
+            measured[key].append(time.perf_counter() - t)
+            if key == "with":
+                found = sum(1 for d in result.diagnoses if d.kind == "Job")
+    assert found == count, found
+    for key, label in (("with", "pods and Workloads"), ("without", "baseline: pods only")):
+        times = measured[key]
+        med, p99 = statistics.median(times), nearest_rank(times, 0.99)
+        target = "  < 1 s" if key == "with" else ""
+        print(f"  {label + ', median / p99 of ' + str(passes):52s}{med:7.3f} / {p99:.3f} s{target}")
+    ratio = statistics.median(measured["with"]) / statistics.median(measured["without"])
+    print(f"  the Workloads add                                   {ratio:7.2f}x the pass")
+
+
 def cluster_file(path: Path, pending: int) -> None:
     """4 DGX H100 nodes and ``pending`` pods asking for one GPU each, none of them bound."""
     pods = [
@@ -304,7 +438,7 @@ def file_part(pending: int, passes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     count_options(parser, nodes=5000, pods=50000, pending=2000, passes=30, naive_every=20, seed=14)
-    count_options(parser, file_pending=10000, file_passes=5, only_file=0)
+    count_options(parser, file_pending=10000, file_passes=5, only_file=0, workloads=10000)
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, "
           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, "
@@ -353,6 +487,7 @@ def main() -> None:
     print(f"  baseline: naive per-pod scan, {len(sample)} pods              {spent:7.2f} s")
     print(f"  baseline scaled to {args.pending} pods                          {scaled:7.1f} s"
           f"  ({scaled / med:.0f}x the pass)")  # fmt: skip
+    workload_part(view, args.workloads, args.passes, args.seed)
     print(f"  (bench wall time {time.perf_counter() - started:.0f} s)")
     file_part(args.file_pending, args.file_passes)
 

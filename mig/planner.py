@@ -33,6 +33,7 @@ from nodeagent.capacity import (
     Placed,
     SliceModel,
     creatable_vector,
+    fits_beside,
     fragmentation_of,
     occupancy,
     placement_losses,
@@ -157,24 +158,6 @@ def _best_completion(
     return best
 
 
-def _feasible(m: SliceModel, occ: int, need: Sequence[int]) -> bool:
-    """Whether ``need`` fits beside ``occ`` at all (first solution found ends the search)."""
-
-    def dfs(k: int, occ: int, lowest: int) -> bool:
-        if k == len(need):
-            return True
-        p = need[k]
-        masks = m.masks[p]
-        for j in range(lowest, len(masks)):
-            if masks[j] & occ == 0:
-                nxt = k + 1
-                if dfs(nxt, occ | masks[j], j + 1 if nxt < len(need) and need[nxt] == p else 0):
-                    return True
-        return False
-
-    return dfs(0, occ, 0)
-
-
 def _explain_infeasible(m: SliceModel, want: Sequence[int]) -> str:
     """One sentence on why the multiset ``want`` has no valid placement on an empty GPU."""
     for p, n in enumerate(want):
@@ -187,7 +170,7 @@ def _explain_infeasible(m: SliceModel, want: Sequence[int]) -> str:
     placed: list[int] = []
     for p, n in enumerate(want):
         for k in range(n):
-            if not _feasible(m, 0, [*placed, p]):
+            if not fits_beside(m, 0, [*placed, p]):
                 starts = ",".join(str(q.start) for q in m.placements[p])
                 beside = ", ".join(f"{m.names[q]} x{placed.count(q)}" for q in sorted(set(placed)))
                 return (
@@ -214,7 +197,7 @@ def check_layout(geometry: MigGeometry, desired: Mapping[str, int]) -> str | Non
     if (
         sum(n * m.slices[p] for p, n in enumerate(want)) <= m.memory_slices
         and all(n <= m.max_count[p] for p, n in enumerate(want))
-        and _feasible(m, 0, need)
+        and fits_beside(m, 0, need)
     ):
         return None
     return _explain_infeasible(m, want)

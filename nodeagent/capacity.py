@@ -139,6 +139,45 @@ def fragmentation_of(m: SliceModel, occ: int, vec: Sequence[int]) -> float:
     return 1.0 - m.slices[largest] / usable
 
 
+def fits_beside(m: SliceModel, occ: int, need: Sequence[int]) -> bool:
+    """Whether instances of the profiles ``need`` (rank indices, equal ones adjacent) have legal
+    placements beside the occupied slices ``occ``; the first arrangement found ends the search."""
+
+    def dfs(k: int, occ: int, lowest: int) -> bool:
+        if k == len(need):
+            return True
+        p = need[k]
+        masks = m.masks[p]
+        for j in range(lowest, len(masks)):
+            if masks[j] & occ == 0:
+                nxt = k + 1
+                if dfs(nxt, occ | masks[j], j + 1 if nxt < len(need) and need[nxt] == p else 0):
+                    return True
+        return False
+
+    return dfs(0, occ, 0)
+
+
+@lru_cache(maxsize=4096)
+def room_beside(geometry: MigGeometry, held: tuple[str, ...], profile: str) -> int:
+    """How many instances of ``profile`` one GPU can hold together with instances of the
+    profiles ``held`` (sorted names), wherever those sit: the most the GPU could offer if its
+    layout were remade around what workloads hold. Beyond the slices, placements bound it (an
+    A100 has 8 memory slices but room for 7 ``1g.5gb``), and so do the profiles' maximum
+    counts. 0 when the held instances alone have no legal layout."""
+    m = slice_model(geometry)
+    if profile not in m.index:
+        return 0
+    base = sorted(m.index[name] for name in held if name in m.index)
+    if not fits_beside(m, 0, base):
+        return 0
+    p = m.index[profile]
+    k = 0
+    while base.count(p) + k < m.max_count[p] and fits_beside(m, 0, sorted([*base, *[p] * (k + 1)])):
+        k += 1
+    return k
+
+
 def creatable(geometry: MigGeometry, instances: Iterable[Placed]) -> dict[str, int]:
     """How many more instances of each profile (alone) could be created beside ``instances``."""
     m = slice_model(geometry)

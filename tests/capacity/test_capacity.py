@@ -14,6 +14,7 @@ from nodeagent.capacity import (
     creatable,
     fragmentation_ratio,
     nvlink_components,
+    room_beside,
     stranded_gpus,
     stranded_slices,
     whole_gpu_sizes,
@@ -104,3 +105,17 @@ def test_stranded_gpus(sizes: list[str], expected: int) -> None:
     components = nvlink_components([0, 1, 2, 3], topology)
     assert components == [3, 1]
     assert stranded_gpus(components, sizes) == expected
+
+
+def test_room_beside_counts_placements_not_slices_divided_by_size(a100: MigGeometry) -> None:
+    geo = a100
+    # 8 memory slices, but a 1g.5gb may start only at slices 0-6: room for 7, not 8.
+    assert room_beside(geo, (), "1g.5gb") == 7
+    # A held 1g anywhere leaves room for 6 more (the profile's maximum is 7).
+    assert room_beside(geo, ("1g.5gb",), "1g.5gb") == 6
+    # A held 3g (4 slices) leaves 4 slices, and a 3g.20gb fits beside another only at 0 and 4.
+    assert room_beside(geo, ("3g.20gb",), "3g.20gb") == 1
+    # A held 7g leaves nothing; held instances with no legal layout leave nothing either.
+    assert room_beside(geo, ("7g.40gb",), "1g.5gb") == 0
+    assert room_beside(geo, ("4g.20gb", "4g.20gb"), "1g.5gb") == 0
+    assert room_beside(geo, (), "9g.99gb") == 0

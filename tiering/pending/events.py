@@ -94,7 +94,7 @@ class PodEvents:
         if self.kube is None:
             self.seeded = True
             return
-        self.series = series_from_events(self.kube.list_pod_events(COMPONENT))
+        self.series = series_from_events(self.kube.list_component_events(COMPONENT))
         self.seeded = True
 
     def observe(self, diagnoses: Iterable[Diagnosis], now_s: float) -> list[tuple[str, Diagnosis]]:
@@ -140,8 +140,8 @@ class PodEvents:
         body = {
             "metadata": {"generateName": f"{d.name}.", "namespace": d.namespace},
             "involvedObject": {
-                "kind": "Pod",
-                "apiVersion": "v1",
+                "kind": d.kind,
+                "apiVersion": d.api_version,
                 "name": d.name,
                 "namespace": d.namespace,
                 "uid": d.uid,

@@ -13,6 +13,11 @@ service does not invent history). Per day:
 - ``stranded_gpus`` / ``stranded_slices``: free GPUs and MIG slices that no blocked request
   could use, times seconds, split over the pods running on the node by their share of its
   GPUs (whose placements leave the capacity stranded), by namespace and by request size;
+- ``queues``: the same by the ClusterQueue of the pods (:func:`pod_queues`): ``stranded``, the
+  stranded unit-seconds beside a queue's pods, and ``blocking``, the unit-seconds of
+  contiguity-blocked requests whose smallest fix moves its pods (split over the pods named);
+  ``queue_sizes``: per queue, the request sizes of its pods in those (what the queue would
+  change). The queues that make fragmentation day after day come from these;
 - ``free_blocks``: free GPU-seconds per tier by the size of the node's free block, and
   ``mig_free`` / ``mig_fit``: free slice-seconds per tier, and how many of them new instances of
   each profile could have taken. The request-size templates come from these.
@@ -30,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
-from nodeagent_tiering.cluster.view import ClusterView
+from nodeagent_tiering.cluster.view import NO_QUEUE, ClusterView, pod_queues
 from nodeagent_tiering.pending.fits import primary_request
 from nodeagent_tiering.pending.results import CONTIGUITY, PassResult
 
@@ -43,6 +48,7 @@ KEEP_DAYS = 35  # a monthly review, with room for a late one
 MAX_STEP_S = 120.0  # one pass counts for at most this long
 SAVE_INTERVAL_S = 300.0  # at most one write every 5 minutes (a crash loses at most that)
 TOP = 25  # entries kept per namespace / size table per day (the ConfigMap stays small)
+TOP_SIZES = 5  # request sizes kept per queue per day
 WHOLE_SIZES = (8, 4, 2, 1)  # whole-GPU templates considered, largest first
 MANAGED_BY = {"app.kubernetes.io/managed-by": "nodeagent", "app.kubernetes.io/component": "tiering"}
 
@@ -71,6 +77,10 @@ class Day:
     stranded_slices: dict[str, dict[str, float]] = field(
         default_factory=lambda: {"ns": {}, "size": {}}
     )
+    queues: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {"stranded": {}, "blocking": {}}
+    )
+    queue_sizes: dict[str, dict[str, float]] = field(default_factory=dict)
     free_blocks: dict[str, dict[str, float]] = field(default_factory=dict)
     mig_free: dict[str, float] = field(default_factory=dict)
     mig_fit: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -80,8 +90,12 @@ class Day:
         data = asdict(self)
         data["observed_s"] = round(self.observed_s, 1)
         data["pending"] = _top(self.pending)
-        for key in ("blocked", "stranded_gpus", "stranded_slices"):
+        for key in ("blocked", "stranded_gpus", "stranded_slices", "queues"):
             data[key] = {k: _top(v) for k, v in getattr(self, key).items()}
+        kept = {q for part in data["queues"].values() for q in part}
+        data["queue_sizes"] = {
+            q: _top(v, TOP_SIZES) for q, v in self.queue_sizes.items() if q in kept
+        }
         data["free_blocks"] = {t: _top(v) for t, v in self.free_blocks.items()}
         data["mig_free"] = _top(self.mig_free)
         data["mig_fit"] = {t: _top(v) for t, v in self.mig_fit.items()}
@@ -104,6 +118,16 @@ class Day:
                     for part in ("ns", "size")
                 },
             )
+        # Written since queues were traced; an older day has none.
+        raw_queues = data.get("queues") or {}
+        day.queues = {
+            part: {str(k): float(v) for k, v in (raw_queues.get(part) or {}).items()}
+            for part in ("stranded", "blocking")
+        }
+        day.queue_sizes = {
+            str(q): {str(k): float(v) for k, v in sizes.items()}
+            for q, sizes in (data.get("queue_sizes") or {}).items()
+        }
         day.free_blocks = {
             str(t): {str(k): float(v) for k, v in b.items()}
             for t, b in (data.get("free_blocks") or {}).items()
@@ -143,14 +167,19 @@ class History:
         day.observed_s += step
         for reason, n in counts.items():
             _add(day.pending, reason, n * step)
+        queues: dict[str, str] | None = None
         for d in result.diagnoses:
             if d.reason in CONTIGUITY:
                 resource, units = primary_request(d.request)
                 _add(day.blocked["ns"], d.namespace, units * step)
                 _add(day.blocked["size"], f"{units} {resource}", units * step)
+                if d.unblock is not None and d.unblock.kind == "move-pods" and d.unblock.pods:
+                    queues = pod_queues(view) if queues is None else queues
+                    self._blocking(view, queues, d.unblock.pods, units * step, day)
         stats = result.stats
         if stats.stranded_by_node:
-            self._attribute(view, stats.stranded_by_node, step, day)
+            queues = pod_queues(view) if queues is None else queues
+            self._attribute(view, queues, stats.stranded_by_node, step, day)
         for tier, blocks in stats.free_blocks.items():
             table = day.free_blocks.setdefault(tier, {})
             for size, gpus in blocks.items():
@@ -162,26 +191,47 @@ class History:
         self.trim(now_s)
 
     @staticmethod
+    def _blocking(
+        view: ClusterView, queues: Mapping[str, str], pods: tuple[str, ...], amount: float, day: Day
+    ) -> None:
+        """Split one blocked request's unit-seconds over the queues of the pods in its way."""
+        requests = {p.key: p.requests for p in view.pods if p.key in pods}
+        for key in pods:
+            queue = queues.get(key, NO_QUEUE)
+            _add(day.queues["blocking"], queue, amount / len(pods))
+            if requests.get(key):
+                resource, units = primary_request(requests[key])
+                sizes = day.queue_sizes.setdefault(queue, {})
+                _add(sizes, f"{units} {resource}", amount / len(pods))
+
+    @staticmethod
     def _attribute(
-        view: ClusterView, stranded: Mapping[str, tuple[int, int]], step: float, day: Day
+        view: ClusterView,
+        queues: Mapping[str, str],
+        stranded: Mapping[str, tuple[int, int]],
+        step: float,
+        day: Day,
     ) -> None:
         """Split each node's stranded capacity over its GPU pods by their share of its units."""
-        on: dict[str, list[tuple[str, str, int]]] = {}
+        on: dict[str, list[tuple[str, str, str, int]]] = {}
         for pod in view.pods:
             node = pod.node_name
             if node is not None and node in stranded and pod.holds_resources and pod.requests:
                 resource, units = primary_request(pod.requests)
-                on.setdefault(node, []).append((pod.namespace, f"{units} {resource}", units))
+                queue = queues.get(pod.key, NO_QUEUE)
+                on.setdefault(node, []).append((pod.namespace, queue, f"{units} {resource}", units))
         for node, (gpus, slices) in stranded.items():
             pods = on.get(node, [])
-            total = sum(u for _, _, u in pods)
+            total = sum(u for *_, u in pods)
             if not total:
                 continue
-            for ns, size, units in pods:
+            for ns, queue, size, units in pods:
                 share = units / total * step
                 for amount, table in ((gpus, day.stranded_gpus), (slices, day.stranded_slices)):
                     _add(table["ns"], ns, amount * share)
                     _add(table["size"], size, amount * share)
+                _add(day.queues["stranded"], queue, (gpus + slices) * share)
+                _add(day.queue_sizes.setdefault(queue, {}), size, (gpus + slices) * share)
 
     def trim(self, now_s: float) -> None:
         """Keep the last :data:`KEEP_DAYS` days."""

@@ -1,9 +1,10 @@
 """The pending-workload diagnosis inside the running service.
 
 It shares the controller's node cache and keeps its own watch-driven caches of pods and (when
-Kueue is installed) Workloads. A pass runs when something changed, at most every
-:data:`MIN_INTERVAL_S`, and at least every :data:`RESYNC_S`. Every pass refreshes the metrics;
-only the leader writes, and what it writes is advisory: Events on the diagnosed pods
+Kueue is installed) Workloads, LocalQueues and ClusterQueues. A pass runs when something
+changed, at most every :data:`MIN_INTERVAL_S`, and at least every :data:`RESYNC_S`. Every pass
+refreshes the metrics; only the leader writes, and what it writes is advisory: Events on the
+diagnosed pods (and on the jobs of Workloads waiting without pods)
 (:mod:`nodeagent_tiering.pending.events`) and the rolling history
 (:mod:`nodeagent_tiering.pending.history`). In a dry run it logs the Events it would
 record. Nothing it does changes a workload.
@@ -16,15 +17,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
+from typing import TypeVar
 
+from nodeagent_tiering.cluster import JSON
 from nodeagent_tiering.cluster.clock import Clock
 from nodeagent_tiering.cluster.cluster_api import KUEUE_GROUP, KUEUE_VERSION, Kube, KubeError
 from nodeagent_tiering.cluster.informer import Informer, NodeCache
 from nodeagent_tiering.cluster.nodes import Node, node_identity
 from nodeagent_tiering.cluster.view import (
+    ClusterQueueInfo,
     ClusterView,
     PodInfo,
     WorkloadInfo,
+    cluster_queue_from_object,
+    local_queue_from_object,
     pod_from_object,
     workload_from_object,
 )
@@ -36,6 +42,7 @@ from nodeagent_tiering.pending.mig import MigPlanner
 from nodeagent_tiering.pending.results import EVENT_REASONS, PassResult, Settings
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 MIN_INTERVAL_S = 5.0  # a burst of pod changes gives one pass, not hundreds
 RESYNC_S = 30.0  # a pass at least this often (pending ages, the history's clock)
@@ -62,6 +69,8 @@ class PendingLoop:
     dry_run: bool = False
     pods: Informer[PodInfo] = field(init=False)
     workloads: Informer[WorkloadInfo] = field(init=False)
+    local_queues: Informer[tuple[tuple[str, str], str]] = field(init=False)
+    cluster_queues: Informer[ClusterQueueInfo] = field(init=False)
     events: PodEvents = field(init=False)
     store: HistoryStore = field(init=False)
     history: History = field(init=False, default_factory=History)
@@ -80,19 +89,10 @@ class PendingLoop:
             ),
             pod_from_object,
         )
-        self.workloads = Informer(
-            "Kueue workload",
-            kube.list_workloads,
-            lambda rv, timeout: kube.watch_objects(
-                kube.custom.list_cluster_custom_object,
-                rv,
-                timeout,
-                group=KUEUE_GROUP,
-                version=KUEUE_VERSION,
-                plural="workloads",
-            ),
-            workload_from_object,
-        )
+        self.workloads = _kueue_informer(kube, "workloads", workload_from_object)
+        # Where a Workload waiting for quota would be admitted, and how short that queue is.
+        self.local_queues = _kueue_informer(kube, "localqueues", local_queue_from_object)
+        self.cluster_queues = _kueue_informer(kube, "clusterqueues", cluster_queue_from_object)
         self.events = PodEvents(None if self.dry_run else kube, instance=identity)
         self.store = HistoryStore(kube, namespace)
 
@@ -116,6 +116,8 @@ class PendingLoop:
             pods=tuple(self.pods.snapshot()),
             workloads=tuple(self.workloads.snapshot()) if kueue else (),
             kueue=kueue,
+            local_queues=dict(self.local_queues.snapshot()) if kueue else {},
+            cluster_queues=tuple(self.cluster_queues.snapshot()) if kueue else (),
         )
 
     def _lead(self) -> bool:
@@ -171,7 +173,7 @@ class PendingLoop:
 
     def run(self, stop: threading.Event) -> None:
         """Watch pods and Workloads and run passes until ``stop``."""
-        for informer in (self.pods, self.workloads):
+        for informer in (self.pods, self.workloads, self.local_queues, self.cluster_queues):
             threading.Thread(
                 target=informer.run, args=(stop,), name=f"tiering-{informer.what}", daemon=True
             ).start()
@@ -179,13 +181,14 @@ class PendingLoop:
         last_nodes = -1.0
         while not stop.is_set():
             now = self.clock()
-            changed = self.pods.changed.is_set() or self.workloads.changed.is_set()
+            kueue = (self.workloads, self.local_queues, self.cluster_queues)
+            changed = self.pods.changed.is_set() or any(i.changed.is_set() for i in kueue)
             changed = changed or self.nodes.last_change_s != last_nodes
             ready = self.pods.synced.is_set() and self.nodes.synced.is_set()
             due = now - last_pass >= RESYNC_S or (changed and now - last_pass >= MIN_INTERVAL_S)
             if ready and due and (self.dry_run or self.may_act()):
-                self.pods.changed.clear()
-                self.workloads.changed.clear()
+                for informer in (self.pods, *kueue):
+                    informer.changed.clear()
                 last_nodes = self.nodes.last_change_s
                 try:
                     self.pass_once()
@@ -194,3 +197,20 @@ class PendingLoop:
                     log.exception("pending-workload pass failed; next pass in %.0fs", RESYNC_S)
                 last_pass = now
             self.clock.wait(self.pods.changed, MIN_INTERVAL_S)
+
+
+def _kueue_informer(kube: Kube, plural: str, parse: Callable[[JSON], _T]) -> Informer[_T]:
+    """An informer over one Kueue kind in every namespace (idle when Kueue is not installed)."""
+    return Informer(
+        f"Kueue {plural}",
+        lambda: kube.list_kueue_plural(plural),
+        lambda rv, timeout: kube.watch_objects(
+            kube.custom.list_cluster_custom_object,
+            rv,
+            timeout,
+            group=KUEUE_GROUP,
+            version=KUEUE_VERSION,
+            plural=plural,
+        ),
+        parse,
+    )

@@ -145,10 +145,15 @@ class Diagnosis:
     unblock: Unblock | None = None
     tier: str = "any"  # the tier the pod asks for (metrics), "any" when not one
     message: str = ""  # the scheduler's own message (PodScheduled condition)
+    # What is diagnosed: a pod, or (waiting in Kueue with no pod yet) the job that owns a
+    # Workload, which Events then name; ``workload`` is that Workload's name.
+    kind: str = "Pod"
+    api_version: str = "v1"
+    workload: str = ""
 
     @property
     def pod(self) -> str:
-        """``namespace/name``."""
+        """``namespace/name`` (of the pod, or of the job for a Workload without pods)."""
         return f"{self.namespace}/{self.name}"
 
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +166,8 @@ class Diagnosis:
             "unblock": self.unblock.to_json() if self.unblock is not None else {},
             "tier": self.tier,
             "scheduler": self.message,
+            "kind": self.kind,
+            "workload": self.workload,
         }
 
 

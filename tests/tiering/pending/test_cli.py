@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from nodeagent.cli.tiering import app
@@ -52,6 +53,100 @@ def test_simulate_table_and_the_policy_pass(tmp_path: Path) -> None:
     assert any("team-b/finetune-0" in line and "contiguity-mig" in line for line in lines)
 
 
+WAITING_JOB = """
+version: v1
+nodes:
+  - {name: a, preset: dgx-h100}
+kueue:
+  - apiVersion: kueue.x-k8s.io/v1beta2
+    kind: ClusterQueue
+    metadata: {name: team-a}
+    spec:
+      resourceGroups:
+        - coveredResources: [nvidia.com/gpu]
+          flavors: [{name: h100, resources: [{name: nvidia.com/gpu, nominalQuota: 8}]}]
+    status:
+      flavorsUsage: [{name: h100, resources: [{name: nvidia.com/gpu, total: "6"}]}]
+  - apiVersion: kueue.x-k8s.io/v1beta2
+    kind: LocalQueue
+    metadata: {name: q, namespace: team-a}
+    spec: {clusterQueue: team-a}
+  - apiVersion: kueue.x-k8s.io/v1beta2
+    kind: Workload
+    metadata:
+      name: job-train-1a2b3
+      namespace: team-a
+      ownerReferences: [{apiVersion: batch/v1, kind: Job, name: train, uid: u1}]
+    spec:
+      queueName: q
+      podSets:
+        - name: main
+          count: 2
+          template:
+            spec:
+              containers: [{name: m, resources: {requests: {nvidia.com/gpu: 4}}}]
+    status:
+      conditions: [{type: QuotaReserved, status: "False", reason: Pending, message: wait}]
+"""
+
+
+def test_simulate_diagnoses_a_job_waiting_in_kueue_from_the_files_queues(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(WAITING_JOB)
+    result = run("simulate", "--cluster", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.output)["pending"]
+    assert (entry["pod"], entry["kind"], entry["reason"]) == ("team-a/train", "Job", "quota")
+    assert (
+        "ClusterQueue team-a: nvidia.com/gpu in flavor h100: 8 guaranteed, 6 in use"
+        in (entry["evidence"])
+    )
+    assert "short 6 of the 8 asked" in entry["evidence"]
+    table = run("simulate", "--cluster", str(path))
+    assert "Job/team-a/train" in table.output, table.output
+
+
+def test_simulate_makes_kueues_workload_for_a_suspended_job_and_answers_the_same(
+    tmp_path: Path,
+) -> None:
+    # The shipped example: a suspended Job naming a LocalQueue, no Workload in the file.
+    example = EXAMPLES / "cluster-kueue-job.yaml"
+    result = run("simulate", "--cluster", str(example), "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.output)["pending"]
+    assert (entry["pod"], entry["kind"], entry["reason"]) == ("team-a/pretrain", "Job", "quota")
+    assert "16 guaranteed, 12 in use" in entry["evidence"]
+    assert "short 12 of the 16 asked" in entry["evidence"]
+    # The same cluster with the Workload Kueue made written out gives the same diagnosis.
+    data = yaml.safe_load(example.read_text())
+    job = data.pop("jobs")[0]
+    data["kueue"].append(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {
+                "name": "job-pretrain",
+                "namespace": "team-a",
+                "ownerReferences": [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": "pretrain", "uid": "u1"}
+                ],
+            },
+            "spec": {
+                "queueName": "training",
+                "podSets": [{"name": "main", "count": 2, "template": job["spec"]["template"]}],
+            },
+        }
+    )
+    written = tmp_path / "with-workload.yaml"
+    written.write_text(yaml.safe_dump(data))
+    again = run("simulate", "--cluster", str(written), "--json")
+    assert again.exit_code == 0, again.output
+    (same,) = json.loads(again.output)["pending"]
+    assert {k: v for k, v in same.items() if k != "workload"} == {
+        k: v for k, v in entry.items() if k != "workload"
+    }
+
+
 BAD = [
     pytest.param("version: v2\nnodes: []\n", "cluster.yaml:1: version", id="version"),
     pytest.param("version: v1\nnodes:\n  - name: a\n    preset: t4\n    gpus: 2\n",
@@ -74,6 +169,20 @@ BAD = [
         "requests 2 nvidia.com/gpu, but only 1 are free", id="too-many-gpus",
     ),
     pytest.param("version: v1\nnodes:\n  - {name: a, preset: t4\n", "cluster.yaml:", id="yaml"),
+    pytest.param(
+        "version: v1\nnodes:\n  - {name: a, preset: t4}\njobs:\n  - apiVersion: batch/v1\n"
+        "    kind: Job\n    metadata: {name: j, namespace: ml}\n    spec:\n      template:\n"
+        "        spec:\n          containers: [{name: m, image: i, resources: {limits: "
+        "{nvidia.com/gpu: -1}}}]\n",
+        "cluster.yaml:11: jobs.0.spec.template.spec.containers.0.resources.limits.nvidia.com/gpu",
+        id="job-quantity",
+    ),
+    pytest.param(
+        "version: v1\nnodes:\n  - {name: a, preset: t4}\njobs:\n  - apiVersion: batch/v1\n"
+        "    kind: Job\n    metadata: {name: j}\n    spec:\n      parallelism: many\n"
+        "      template: {spec: {containers: [{name: m, image: i}]}}\n",
+        "cluster.yaml:9: jobs.0.spec.parallelism", id="job-parallelism",
+    ),
     pytest.param(
         "version: v1\nnodes:\n  - {name: a, preset: dgx-h100, mig: {layout: no-such}}\n",
         "MIG layout 'no-such'", id="layout",
@@ -117,7 +226,7 @@ def test_why_pending_table_json_and_filters(
     assert "is not a pending GPU pod" in running.output
     missing = run("why-pending", "absent", "-n", kube_ns, *access)
     assert missing.exit_code == 2
-    assert f"no pod {kube_ns}/absent" in missing.output
+    assert f"no pod and no job waiting in Kueue called {kube_ns}/absent" in missing.output
 
 
 def test_why_pending_without_an_api_server_fails_in_one_line() -> None:

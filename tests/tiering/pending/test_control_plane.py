@@ -25,13 +25,19 @@ from nodeagent.testing.kube.nodes import create_node, pod_manifest
 from nodeagent.testing.waiting import wait_until
 from nodeagent_tiering.cluster.cluster_api import Kube
 from nodeagent_tiering.cluster.clusterfile import load_cluster
-from nodeagent_tiering.cluster.view import view_from_objects
-from nodeagent_tiering.pending.diagnosis import Diagnoser
+from nodeagent_tiering.cluster.view import read_view, view_from_objects
+from nodeagent_tiering.pending.diagnosis import Diagnoser, diagnose_some
 from nodeagent_tiering.pending.results import PassResult, Reason, Settings
 from nodeagent_tiering.simulate import simulate
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
-EXAMPLE_FILES = sorted(EXAMPLES.glob("cluster-*.yaml"))
+# Replayed onto the control plane: the examples of nodes and pods. The Kueue example states
+# what its ClusterQueue has in use (a status the live Kueue computes from its own admissions,
+# which a replay cannot hand it); it is checked against simulate in test_cli.py, and the same
+# diagnosis against the live Kueue in test_a_suspended_job_waiting_for_quota_is_diagnosed_...
+EXAMPLE_FILES = sorted(
+    p for p in EXAMPLES.glob("cluster-*.yaml") if "\nkueue:" not in p.read_text(encoding="utf-8")
+)
 
 
 def unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> bool:
@@ -254,3 +260,125 @@ def test_quota_is_never_called_fragmentation(
     finally:
         for node in nodes:
             core.delete_node(node)
+
+
+def suspended_job(name: str, queue: str, *, pods: int, gpus_each: int) -> dict[str, Any]:
+    """A batch/v1 Job as a Kueue user submits it: suspended, labelled with its LocalQueue."""
+    template = pod_manifest("main", gpus=gpus_each)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {QUEUE: queue}},
+        "spec": {
+            "suspend": True,
+            "parallelism": pods,
+            "completions": pods,
+            "template": {
+                "metadata": {"labels": {}},
+                "spec": {**template["spec"], "restartPolicy": "Never"},
+            },
+        },
+    }
+
+
+def test_a_suspended_job_waiting_for_quota_is_diagnosed_with_kueues_numbers(
+    control_plane: ControlPlane, kube_ns: str
+) -> None:
+    """The usual Kueue path: a Job has no pod until admitted. Its Workload is the unit: the
+    job is named, Kueue's own message quoted, and the ClusterQueue's and cohort's arithmetic
+    agrees with what Kueue says is missing; the Event lands on the Job."""
+    from typer.testing import CliRunner
+
+    from nodeagent.cli.tiering import app
+    from nodeagent_tiering.pending.events import COMPONENT, EVENT_REASONS, PodEvents
+
+    rf, cq, lender, cohort = (f"{kube_ns}-{s}" for s in ("rf", "cq", "lender", "pool"))
+
+    def queue_of(name: str, gpus: int, **limits: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {"namespaceSelector": {}, "cohortName": cohort, "resourceGroups": [{
+                "coveredResources": ["nvidia.com/gpu"],
+                "flavors": [{"name": rf, "resources": [
+                    {"name": "nvidia.com/gpu", "nominalQuota": gpus, **limits}]}]}]},
+        }  # fmt: skip
+
+    control_plane.apply(
+        [
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+             "metadata": {"name": rf}},
+            queue_of(cq, 8),
+            queue_of(lender, 4, lendingLimit=2),
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+             "metadata": {"name": "q", "namespace": kube_ns}, "spec": {"clusterQueue": cq}},
+        ]
+    )  # fmt: skip
+    api = control_plane.api_client()
+    batch = client.BatchV1Api(api)
+    kube = Kube(api)
+    try:
+        # 8 of the queue's 8 go to the first job; the second asks 12 and the cohort lends 2.
+        batch.create_namespaced_job(kube_ns, suspended_job("small", "q", pods=2, gpus_each=4))
+        assert wait_until(
+            lambda: batch.read_namespaced_job("small", kube_ns).spec.suspend is False, 60, 0.2
+        ), "Kueue admits the job that fits its queue"
+        # The queue has 0 left of its 8; the cohort lends 2 at most: 10 is all it can ever have.
+        batch.create_namespaced_job(kube_ns, suspended_job("big", "q", pods=2, gpus_each=4))
+        batch.create_namespaced_job(kube_ns, suspended_job("huge", "q", pods=3, gpus_each=4))
+        access = ["--kubeconfig", str(control_plane.admin.path)]
+        seen: list[str] = []
+
+        def entry(job: str, kueue_says: str) -> dict[str, Any] | None:
+            out = CliRunner().invoke(app, ["why-pending", job, "-n", kube_ns, "--json", *access])
+            seen.append(out.output)
+            entries = json.loads(out.output)["pending"] if out.exit_code == 0 else []
+            return entries[0] if entries and kueue_says in entries[0]["evidence"] else None
+
+        # Kueue's own word, then the same numbers from the objects it reads (the ClusterQueue's
+        # status.flavorsUsage follows the admission a moment later).
+        assert wait_until(lambda: entry("big", "6 more needed") is not None, 60, 0.5), seen[-1]
+        numbers = (
+            f"ClusterQueue {cq} (cohort {cohort}): nvidia.com/gpu in flavor {rf}: 8 guaranteed, "
+            "8 in use, the cohort could lend 2: short 6 of the 8 asked"
+        )
+        assert wait_until(lambda: entry("big", numbers) is not None, 30, 0.5), seen[-1]
+        big = entry("big", "")
+        assert big is not None
+        assert (big["pod"], big["kind"], big["reason"]) == (f"{kube_ns}/big", "Job", "quota")
+        assert big["request"] == {"nvidia.com/gpu": 8}
+        assert big["evidence"].startswith(f"Job {kube_ns}/big waits in Kueue for quota")
+        assert wait_until(lambda: entry("huge", "maximum capacity (10)") is not None, 60, 0.5), (
+            seen[-1]
+        )
+        huge = entry("huge", "")
+        assert huge is not None
+        assert (
+            "the 12 asked are more than it can ever admit (10 with the whole cohort idle)"
+            in (huge["evidence"])
+        )
+        # The admitted job's pods exist: they are diagnosed as pods, its Workload is not.
+        everything = CliRunner().invoke(app, ["why-pending", "-n", kube_ns, "--json", *access])
+        kinds = sorted(e["kind"] for e in json.loads(everything.output)["pending"])
+        assert kinds == ["Job", "Job", "Pod", "Pod"], everything.output
+        table = CliRunner().invoke(app, ["why-pending", "big", "-n", kube_ns, *access])
+        assert f"Job/{kube_ns}/big" in table.output, table.output
+
+        view = read_view(kube)
+        found = diagnose_some(view, plan_for_diagnosis, Settings(), namespace=kube_ns, pod="big")
+        events = PodEvents(kube, instance="test")
+        assert [how for how, _ in events.observe(found.diagnoses, time.time())] == ["created"]
+        job_uid = batch.read_namespaced_job("big", kube_ns).metadata.uid
+        recorded = client.CoreV1Api(api).list_namespaced_event(
+            kube_ns, field_selector=f"involvedObject.uid={job_uid}"
+        )
+        # Kueue and the job controller record theirs on the Job too.
+        (event,) = [e for e in recorded.items if e.source.component == COMPONENT]
+        assert event.involved_object.kind == "Job"
+        assert event.reason == EVENT_REASONS[Reason.QUOTA]
+    finally:
+        for job in ("small", "big", "huge"):
+            control_plane.kubectl("delete", "job", job, "-n", kube_ns, "--wait=false")
+        for name in (cq, lender):
+            control_plane.kubectl("delete", "clusterqueue", name, "--wait=false")
+        control_plane.kubectl("delete", "resourceflavor", rf, "--wait=false")

@@ -73,7 +73,7 @@ def test_a_leader_pass_needs_nothing_more_than_the_shipped_rbac(
     def granted() -> bool:
         # RBAC reaches the authorizer through an informer: new bindings apply a moment later.
         try:
-            kube.list_pod_events("probe")
+            kube.list_component_events("probe")
             kube.get_config_map(kube_ns, "nodeagent-tiering-history")
         except KubeError as exc:
             if exc.status == 403:
@@ -97,6 +97,8 @@ def test_a_leader_pass_needs_nothing_more_than_the_shipped_rbac(
     loop.nodes.relist()
     loop.pods.relist()
     loop.workloads.relist()
+    loop.local_queues.relist()
+    loop.cluster_queues.relist()
     loop.pass_once()
     loop.store.save(loop.history, 1.0)  # a second save replaces the ConfigMap
     user = f"system:serviceaccount:{kube_ns}:nodeagent-tiering"

@@ -9,6 +9,7 @@ that applying it (in the simulated cluster) admits the pod without destroying a 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, event, given, settings
@@ -207,6 +208,19 @@ def _gpu_options(preset: str, gpu: list[tuple[str, int, bool]], profile: str) ->
     return best
 
 
+def _gpu_room(preset: str, gpu: list[tuple[str, int, bool]], profile: str) -> int:
+    """The most instances of ``profile`` a legal layout holds beside instances of the busy
+    ones' profiles, wherever those sit (over every legal layout)."""
+    layouts = _LAYOUTS.setdefault(preset, _all_layouts(geometry(preset)))
+    busy = Counter(p for p, _, b in gpu if b)
+    best = 0
+    for layout in layouts:
+        have = Counter(p for p, _ in layout)
+        if all(have[p] >= n for p, n in busy.items()):
+            best = max(best, have[profile] - busy[profile])
+    return best
+
+
 def _node_mig_cost(n: Mig, profile: str, need: int) -> int | None:
     """Fewest destroyed instances over the node's GPUs that gain ``need`` free instances."""
     if need <= 0:
@@ -295,11 +309,7 @@ def brute(w: World) -> tuple[Reason, int | None]:
         p = geo.profile(profile)
         if p is None:
             continue
-        size = p.placements[0].size
-        room = 0
-        for gpu in n.gpus:
-            held = sum(geo.profile(q).placements[0].size for q, _, b in gpu if b)  # type: ignore[union-attr]
-            room += (geo.memory_slices - held) // size
+        room = sum(_gpu_room(n.preset, gpu, profile) for gpu in n.gpus)
         if room >= units:
             roomy.append(n)
     if not roomy:

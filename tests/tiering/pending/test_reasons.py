@@ -81,6 +81,17 @@ def a30_two_gpus() -> Cluster:
     )
 
 
+def a100_one_busy_1g_per_gpu(asked: int) -> Callable[[], Cluster]:
+    # The trap (issue 27 item 5): an A100 has 8 memory slices but only 7 placements of a 1g.5gb
+    # (slices 0-6), so 8 GPUs each with a busy 1g have room for 48 more, not 56.
+    def build() -> Cluster:
+        layouts = [["1g.5gb@0*"] for _ in range(8)]
+        c = Cluster().mig("m", layouts, preset="dgx-a100")
+        return c.pending("job", {"nvidia.com/mig-1g.5gb": asked})
+
+    return build
+
+
 def toleration_admits_only_shared() -> Cluster:
     # The trap: the only node with room is in the training tier, which the pod does not tolerate.
     return (
@@ -200,6 +211,8 @@ TABLE: dict[str, tuple[Callable[[], Cluster], Reason, str | None, str]] = {
     "idle-in-the-way": (idle_instances_in_the_way, R.CONTIGUITY_MIG, "mig-layout", "1g.10gb@3"),
     "misaligned-busy": (misaligned_busy, R.CONTIGUITY_MIG, None, "overlaps a busy"),
     "a30-other-gpu": (a30_two_gpus, R.CONTIGUITY_MIG, "mig-layout", "GPU 1"),
+    "a100-48-1g": (a100_one_busy_1g_per_gpu(48), R.CONTIGUITY_MIG, "mig-layout", "GPU 7"),
+    "a100-49-1g": (a100_one_busy_1g_per_gpu(49), R.CAPACITY, None, "room for at most 48"),
     "toleration-only-shared": (toleration_admits_only_shared, R.TIER, "admit-tier", "training"),
     "cordoned": (cordoned_node_would_hold_it, R.TIER, "heal-node", "cordoned"),
     "quarantined": (quarantined_node, R.TIER, "heal-node", "nodeagent.io/quarantine"),
