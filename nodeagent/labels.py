@@ -98,6 +98,11 @@ NVLINK_LARGEST_SET = PREFIX + "nvlink-largest-set"  # GPUs in the largest NVLink
 DRIVER_VERSION = PREFIX + "driver-version"  # full driver version, e.g. 550.54.15
 MIG_LAYOUT = PREFIX + "mig-layout"  # the pool's MIG layout, once the agent applied it
 TIER = PREFIX + "tier"  # written by the tiering service, never by the agent
+# A node the tiering service keeps for a tier's large jobs (quota policy ``reserve``): this
+# label (value RESERVED_VALUE) and a NoSchedule taint of the same key and value, which only pods
+# Kueue admits to the reserved flavor tolerate.
+RESERVED = PREFIX + "reserved"
+RESERVED_VALUE = "large-jobs"
 
 # Capacity annotations the agent publishes for the pool review when no Prometheus is at hand.
 FRAGMENTATION_ANNOTATION = PREFIX + "fragmentation"  # mean ratio 0..1 over MIG GPUs

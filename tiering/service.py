@@ -27,7 +27,7 @@ from nodeagent_tiering.pending.mig import MigPlanner
 from nodeagent_tiering.pending.results import settings_for
 from nodeagent_tiering.quota.metrics import QuotaMetrics
 from nodeagent_tiering.quota.policy import QuotaPolicy
-from nodeagent_tiering.quota.sync import KueueSync, service_flavors
+from nodeagent_tiering.quota.sync import KueueSync, service_flavors, service_reserve
 
 
 class LeaseHeldError(Exception):
@@ -124,6 +124,7 @@ def build(
             dry_run=dry_run,
             may_act=controller.may_act,
             dry_log=controller.dry_log.add,
+            reserve=service_reserve(quota),
         )
     return Service(kube, cache, controller, elector, pending, link, metrics)
 

@@ -66,7 +66,10 @@ def test_rbac_is_exactly_what_the_service_calls(objects):
         ("kueue.x-k8s.io", "resourceflavors", "create"),
         ("kueue.x-k8s.io", "resourceflavors", "patch"),
         ("kueue.x-k8s.io", "resourceflavors", "delete"),
+        # the ClusterQueues' quota and the LocalQueues' ClusterQueue: why a job waits
         ("kueue.x-k8s.io", "clusterqueues", "list"),
+        ("kueue.x-k8s.io", "clusterqueues", "watch"),
+        ("kueue.x-k8s.io", "localqueues", "list"), ("kueue.x-k8s.io", "localqueues", "watch"),
     }  # fmt: skip
     assert rules("Role", "nodeagent") == {
         ("coordination.k8s.io", "leases", "get"),

@@ -5,12 +5,15 @@ Kueue counts quota, not nodes: a ClusterQueue keeps admitting up to its ``nomina
 when the nodes behind it are drained. This module is the link between the two. Per flavor (a
 tier, or a GPU product in a tier) and resource it adds up
 
-- **installed**: what the tier's nodes advertise (``status.allocatable``, which for MIG is the
-  device plugin's ``nvidia.com/mig-<profile>`` resources in the mixed strategy), counting the
-  nodes the service quarantined from this tier;
-- **healthy**: the same over the nodes that can take work now: not quarantined or draining,
-  not unstable (``GPUHealthy=False`` or ``nodeagent.io/stability=unstable``), not cordoned,
-  and Ready;
+- **installed**: the devices the tier's nodes have (``status.capacity``, which for MIG is the
+  device plugin's ``nvidia.com/mig-<profile>`` resources in the mixed strategy; the kubelet
+  lowers ``allocatable``, not capacity, for an unhealthy device), counting the nodes the
+  service quarantined from this tier;
+- **healthy**: GPU by GPU, what can take work now. A node out as a whole (quarantined or
+  draining, labelled ``nodeagent.io/stability=unstable``, cordoned, NotReady, or
+  ``GPUHealthy=False`` with no faulty GPU named in its published state) backs nothing; on any
+  other node only the devices of the GPUs its agent publishes unhealthy or lost are out (one
+  GPU with an XID 48 costs one GPU, not eight), and never more than ``allocatable`` says;
 - **promised**: the ``nominalQuota`` every ClusterQueue puts on the flavor (nodeagent's and
   anyone else's).
 
@@ -19,22 +22,26 @@ Guaranteed quota is *backed* up to the healthy capacity; what is promised beyond
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent import labels as lbl
+from nodeagent.published import PublishedGpu
 from nodeagent_tiering.cluster import JSON, kueue, units
-from nodeagent_tiering.cluster.nodes import Node, Phase
+from nodeagent_tiering.cluster.nodes import GPU_RESOURCE, MIG_PREFIX, SHARED_SUFFIX, Node, Phase
 from nodeagent_tiering.cluster.tier_policy import Stability
 from nodeagent_tiering.cluster.view import cluster_queue_from_object
 from nodeagent_tiering.quota.flavors import Flavor, drift
 from nodeagent_tiering.quota.policy import (
     RESOURCE,
     QuotaPolicy,
+    cluster_queue,
     cluster_queue_name,
     guarantees,
     local_queues,
+    reserved_queue_name,
     team_of_namespace,
 )
 
@@ -54,17 +61,51 @@ class Capacity:
 
 
 def _why_out(view: Node) -> str | None:
-    """Why a node cannot take work now, or ``None`` when it can."""
+    """Why the whole node cannot take work now, or ``None`` when its healthy GPUs can."""
     if view.drain is not None:
         state = "draining" if view.drain.phase is Phase.DRAINING else "drained"
         return f"{state} ({view.drain.cause})" if view.drain.cause else state
-    if view.stability is Stability.UNSTABLE:
+    if view.labels.get(lbl.STABILITY) == Stability.UNSTABLE.value:
         return f"unstable ({view.unstable_cause})"
+    if view.stability is Stability.UNSTABLE and not view.faulty_gpus:
+        return f"unstable ({view.unstable_cause}; no faulty GPU published)"
     if view.unschedulable:
         return "cordoned"
     if view.not_ready:
         return "not Ready"
     return None
+
+
+def _devices(gpus: Iterable[PublishedGpu]) -> Counter[str]:
+    """Devices per exclusive resource name, as the device plugin advertises them."""
+    out: Counter[str] = Counter()
+    for g in gpus:
+        if g.mig is None:
+            out[GPU_RESOURCE] += 1
+        for i in g.mig or ():
+            out[MIG_PREFIX + lbl.mig_device_name(i.profile)] += 1
+    return out
+
+
+def _faulty_share(view: Node, installed: Mapping[str, float]) -> tuple[dict[str, float], str]:
+    """Per resource, what the node's faulty GPUs account for (a shared resource's replicas in
+    proportion), and which GPUs they are."""
+    faulty = view.faulty_gpus
+    if not faulty or view.published is None:
+        return {}, ""
+    bad = _devices(faulty)
+    every = _devices(view.published.gpus)
+    out: dict[str, float] = {}
+    for resource, amount in installed.items():
+        base = resource.removesuffix(SHARED_SUFFIX)
+        if not bad.get(base):
+            continue
+        if resource == base:
+            out[resource] = float(bad[base])
+        elif every.get(base):  # replicas: the faulty GPUs' part of them
+            out[resource] = amount * bad[base] / every[base]
+    which = ", ".join(f"GPU {g.index} {g.health}" for g in faulty)
+    return out, which
 
 
 def capacity(
@@ -84,18 +125,25 @@ def capacity(
             continue
         labels = {**view.labels, lbl.TIER: tier or ""}
         why = _why_out(view)
+        allocatable = view.amounts(RESOURCE)
+        installed = {**allocatable, **view.amounts(RESOURCE, field="capacity")}
+        faulty, which = _faulty_share(view, installed) if why is None else ({}, "")
         for flavor in candidates:
             if not flavor.selects(labels):
                 continue
-            for resource, amount in view.amounts(RESOURCE).items():
+            for resource, amount in installed.items():
                 cap = out.setdefault(
                     (flavor.name, resource), Capacity(flavor.name, flavor.tier, resource)
                 )
                 cap.installed += amount
-                if why is None:
-                    cap.healthy += amount
-                elif amount:
-                    cap.lost.append((view.name, why, amount))
+                if why is not None:
+                    if amount:
+                        cap.lost.append((view.name, why, amount))
+                    continue
+                healthy = min(allocatable.get(resource, 0.0), amount - faulty.get(resource, 0.0))
+                cap.healthy += max(0.0, healthy)
+                if amount - healthy > 0:
+                    cap.lost.append((view.name, which or "not allocatable", amount - healthy))
     return out
 
 
@@ -120,7 +168,7 @@ def promised(
 class Problem:
     """One finding of ``quota check``."""
 
-    kind: str  # overcommitted | unbacked | no-queue | flavor | taint
+    kind: str  # overcommitted | unbacked | no-queue | drift | flavor | taint
     message: str
     team: str | None = None
     tier: str | None = None
@@ -151,6 +199,7 @@ class Cluster:
     cluster_queues: Sequence[JSON]
     local_queues: Sequence[JSON]
     workloads: Sequence[JSON] = ()
+    api: kueue.KueueApi | None = None  # the served Kueue API; None: no drift of queues checked
 
 
 def _n(value: float) -> str:
@@ -169,22 +218,33 @@ def check(policy: QuotaPolicy, flavors: Sequence[Flavor], cluster: Cluster) -> l
     """Every problem of the policy against the cluster, most serious first."""
     problems: list[Problem] = []
     caps = capacity(cluster.nodes, flavors)
-    ours = {cluster_queue_name(t.name, tier) for t in policy.teams for tier in t.tiers}
-    # What is promised: the policy for nodeagent's queues, the cluster for everyone else's.
-    foreign = [
-        cq for cq in cluster.cluster_queues if (cq.get("metadata") or {}).get("name") not in ours
-    ]
+    team_of = {cluster_queue_name(t.name, tier): t.name for t in policy.teams for tier in t.tiers}
+    applied = {
+        str(cq["metadata"]["name"])
+        for cq in cluster.cluster_queues
+        if str(cq["metadata"]["name"]) in team_of and kueue.managed(cq)
+    }
+    # What is promised is what Kueue admits against: the cluster's ClusterQueues (the service's
+    # metrics read the same), and the policy's guarantees for queues not applied yet.
     promises: dict[tuple[str, str], dict[str, float]] = {}
     owners: dict[str, tuple[str | None, str]] = {}  # queue -> (team, label)
     for (team, tier, flavor, resource), guaranteed in guarantees(policy).items():
-        if guaranteed:
-            queue = cluster_queue_name(team, tier)
+        queue = cluster_queue_name(team, tier)
+        if guaranteed and queue not in applied:
             promises.setdefault((flavor, resource), {})[queue] = float(guaranteed)
             owners[queue] = (team, f"team {team}")
-    for key, queues in promised(foreign, flavors).items():
+    unapplied = set(team_of) - applied  # the policy's numbers stand in for these
+    reserves = {reserved_queue_name(t) for t, s in policy.tiers.items() if s.reserve is not None}
+    on_cluster = [cq for cq in cluster.cluster_queues if cq["metadata"]["name"] not in unapplied]
+    for key, queues in promised(on_cluster, flavors).items():
         for queue, amount in queues.items():
             promises.setdefault(key, {})[queue] = amount
-            owners[queue] = (None, f"ClusterQueue {queue} (not nodeagent's)")
+            if queue in applied:
+                owners[queue] = (team_of[queue], f"team {team_of[queue]}")
+            elif queue in reserves:
+                owners[queue] = (None, f"the reserve for large jobs ({queue})")
+            else:
+                owners[queue] = (None, f"ClusterQueue {queue} (not nodeagent's)")
     tier_of = {f.name: f.tier for f in flavors}
     for (flavor, resource), queues in sorted(promises.items()):
         tier = tier_of[flavor]
@@ -221,7 +281,87 @@ def check(policy: QuotaPolicy, flavors: Sequence[Flavor], cluster: Cluster) -> l
                 )
             )
     problems.extend(_queue_problems(policy, cluster))
+    if cluster.api is not None:
+        problems.extend(_queue_drift(policy, flavors, cluster, cluster.api))
     problems.extend(_flavor_problems(flavors, cluster))
+    return problems
+
+
+_LIMITS = (
+    ("nominalQuota", "guarantees"),
+    ("borrowingLimit", "may borrow"),
+    ("lendingLimit", "may lend"),
+)
+
+
+def _quota_entries(cq: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, float | None]]:
+    """``(flavor, resource) -> {field: amount or None (unset)}`` of a ClusterQueue's spec."""
+    return {
+        (flavor, resource): {
+            name: None if entry.get(name) is None else units.amount_or_zero(entry.get(name))
+            for name, _ in _LIMITS
+        }
+        for flavor, resource, entry in kueue.flavor_quotas(cq)
+    }
+
+
+def _limit_text(value: float | None) -> str:
+    return "unlimited" if value is None else _n(value)
+
+
+def _queue_drift(
+    policy: QuotaPolicy, flavors: Sequence[Flavor], cluster: Cluster, api: kueue.KueueApi
+) -> list[Problem]:
+    """Where nodeagent's ClusterQueues on the cluster differ from the policy, both ways: a
+    quota changed by hand, one the policy has and the cluster lacks, and one the cluster has
+    that the policy does not (Kueue admits against the cluster's numbers)."""
+    fix = "`nodeagent tiering quota render --apply` restores the policy's; or change the policy"
+    have = {str(o["metadata"]["name"]): o for o in cluster.cluster_queues}
+    problems: list[Problem] = []
+    for team in policy.teams:
+        for tier in team.tiers:
+            want = cluster_queue(policy, team, tier, api, flavors)
+            name = str(want["metadata"]["name"])
+            cq = have.get(name)
+            if cq is None or not kueue.managed(cq):
+                continue  # reported as a missing or foreign queue
+            wanted, held = _quota_entries(want), _quota_entries(cq)
+            for flavor, resource in sorted(set(wanted) | set(held)):
+                w, h = wanted.get((flavor, resource)), held.get((flavor, resource))
+                where = f"ClusterQueue {name}, flavor {flavor}"
+                if h is None:
+                    assert w is not None
+                    what = (
+                        f"{where}: the policy guarantees {_limit_text(w['nominalQuota'])}, the "
+                        "cluster's queue has no quota for it"
+                    )
+                elif w is None:
+                    what = (
+                        f"{where}: the cluster's queue guarantees "
+                        f"{_limit_text(h['nominalQuota'])}, the policy has no quota for it"
+                    )
+                else:
+                    diffs = [
+                        f"{verb} {_limit_text(h[field])} on the cluster, {_limit_text(w[field])} "
+                        "in the policy"
+                        for field, verb in _LIMITS
+                        if h[field] != w[field]
+                    ]
+                    if not diffs:
+                        continue
+                    what = f"{where}: " + "; ".join(diffs)
+                problems.append(
+                    Problem(
+                        "drift", f"{what} ({fix})", team=team.name, tier=tier, resource=resource
+                    )
+                )
+            cohort, wanted_cohort = kueue.cohort_of(cq), kueue.cohort_of(want)
+            if cohort != wanted_cohort:
+                what = (
+                    f"ClusterQueue {name} is in cohort {cohort or '(none)'} on the cluster, "
+                    f"{wanted_cohort} in the policy ({fix})"
+                )
+                problems.append(Problem("drift", what, team=team.name, tier=tier))
     return problems
 
 

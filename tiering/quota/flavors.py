@@ -73,6 +73,10 @@ class FlavorSettings:
     products: tuple[str, ...] = ()
     taints: tuple[TaintSpec, ...] = ()
     tolerate: bool = True
+    reserve: bool = False  # some of the tier's nodes are kept for large jobs: a flavor of theirs
+
+
+RESERVED_TAINT = TaintSpec(lbl.RESERVED, lbl.RESERVED_VALUE, "NoSchedule")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +88,9 @@ class Flavor:
     product: str | None = None
     taints: tuple[TaintSpec, ...] = ()
     tolerate: bool = True
+    # None: the tier keeps no nodes for large jobs; True: the flavor of the nodes it keeps
+    # (labelled and tainted :data:`RESERVED_TAINT`); False: its other nodes.
+    reserved: bool | None = None
 
     @property
     def node_labels(self) -> dict[str, str]:
@@ -91,10 +98,15 @@ class Flavor:
         out = {lbl.TIER: self.tier}
         if self.product is not None:
             out[lbl.GPU_PRODUCT] = self.product
+        if self.reserved:
+            out[lbl.RESERVED] = lbl.RESERVED_VALUE
         return out
 
     def selects(self, labels: Mapping[str, str]) -> bool:
-        """Whether a node with these labels belongs to the flavor."""
+        """Whether a node with these labels belongs to the flavor (a tier's reserved nodes
+        belong to its reserved flavor only: the taint keeps the other flavor's pods off)."""
+        if self.reserved is False and labels.get(lbl.RESERVED) == lbl.RESERVED_VALUE:
+            return False
         return all(labels.get(k) == v for k, v in self.node_labels.items())
 
     def spec(self) -> JSON:
@@ -150,7 +162,18 @@ def desired_flavors(
             if name in seen:
                 raise ValueError(f"{what} and {seen[name]} would both be flavor {name}")
             seen[name] = what
-            out.append(Flavor(name, tier, product, s.taints, s.tolerate))
+            out.append(
+                Flavor(name, tier, product, s.taints, s.tolerate, False if s.reserve else None)
+            )
+        if s.reserve:
+            # Whole nodes for large jobs: tolerated only by what Kueue admits to this flavor,
+            # so the tier's other flavor never places a pod there.
+            name = _name(prefix, tier, "reserved")
+            if not DNS_SUBDOMAIN.match(name) or len(name) > 253 or name in seen:
+                raise ValueError(f"tier {tier}: reserved flavor name {name!r} is taken or invalid")
+            seen[name] = f"tier {tier} reserved nodes"
+            taints = (*s.taints, RESERVED_TAINT)
+            out.append(Flavor(name, tier, None, taints, True, True))
     return out
 
 
@@ -228,8 +251,11 @@ class KueueClient(Protocol):
     ) -> JSON:
         """Server-side apply, never forced; 409 when another manager owns a field."""
 
-    def delete_kueue(self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON) -> None:
-        """Delete exactly this object (its uid and resourceVersion as preconditions)."""
+    def delete_kueue(
+        self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON, *, same_version: bool = True
+    ) -> None:
+        """Delete exactly this object: its uid, and its resourceVersion unless
+        ``same_version=False``, as preconditions."""
 
 
 class FlavorSync:

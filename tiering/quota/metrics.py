@@ -61,9 +61,17 @@ class QuotaMetrics:
         )
         self.capacity = Gauge(
             "nodeagent_tiering_quota_capacity",
-            "Allocatable devices of the flavor's nodes: installed (quarantined ones included) "
-            "and healthy (in service: not drained, unstable, cordoned or NotReady).",
+            "Devices of the flavor's nodes: installed (quarantined ones included) and healthy "
+            "(in service, GPU by GPU: not on a drained, unstable, cordoned or NotReady node, "
+            "nor on a GPU its agent publishes faulty).",
             ["tier", "flavor", "resource", "state"],
+            registry=r,
+        )
+        self.reserved_nodes = Gauge(
+            "nodeagent_tiering_reserved_nodes",
+            "Nodes a tier keeps for large jobs (quota policy reserve): wanted by the policy, and "
+            "kept (marked; fewer when not enough whole healthy nodes qualify).",
+            ["tier", "state"],
             registry=r,
         )
 

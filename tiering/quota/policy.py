@@ -88,6 +88,32 @@ class Taint(_Model):
     effect: Literal["NoSchedule", "NoExecute"]
 
 
+class Templates(_Model):
+    """The GPU shapes a pod may ask for (request templates), checked where requests enter: a
+    ValidatingAdmissionPolicy the API server runs (:mod:`.templates`)."""
+
+    # hard: a pod or Job of another shape is refused; soft: admitted with a warning (and an
+    # audit annotation), so teams see it before it is enforced.
+    type: Literal["hard", "soft"] = "soft"
+    gpus: tuple[StrictInt, ...] = ()  # whole nvidia.com/gpu per pod; () leaves counts free
+    mig: tuple[str, ...] = ()  # MIG profiles (``3g.40gb``) a pod may ask for; () leaves them free
+
+
+class Reserve(_Model):
+    """Whole nodes of a tier kept for large jobs, lent to the tier's other jobs while idle.
+
+    The tiering service picks and marks the nodes (:mod:`.reserve`); the quota is Kueue's: the
+    nodes are their own flavor whose whole quota belongs to the ClusterQueue
+    ``<tier>-reserved``, which lends it in the tier's cohort and reclaims it by preemption
+    (``reclaimWithinCohort: Any``) when a large job arrives.
+    """
+
+    nodes: StrictInt = Field(ge=1, le=10_000)  # how many whole nodes to keep
+    gpus: StrictInt = Field(8, ge=1, le=1024)  # GPUs of each (the large shape: a whole node)
+    teams: tuple[str, ...] = Field(min_length=1)  # who submits large jobs (their namespaces)
+    queue: str | None = None  # their LocalQueue; default ``<tier>-large``
+
+
 class TierSettings(_Model):
     """How a tier becomes ResourceFlavors and a cohort."""
 
@@ -95,6 +121,8 @@ class TierSettings(_Model):
     products: tuple[str, ...] = ()  # one flavor per GPU product (nvidia.com/gpu.product) instead
     taints: tuple[Taint, ...] = Field(default=(), max_length=8)
     tolerate: StrictBool = True  # admitted pods get tolerations for the taints (Kueue adds them)
+    templates: Templates | None = None  # the shapes jobs submitted to the tier may ask for
+    reserve: Reserve | None = None  # nodes kept for large jobs, lent while idle
 
 
 class ResourceQuota(_Model):
@@ -125,6 +153,7 @@ class TeamTier(_Model):
     queue: str | None = None  # LocalQueue name in each team namespace; default: the tier's name
     resources: dict[str, ResourceQuota] = Field(default_factory=dict)
     products: dict[str, dict[str, ResourceQuota]] = Field(default_factory=dict)
+    templates: Templates | None = None  # this team's shapes in the tier, instead of the tier's
 
 
 class LocalQueueRef(_Model):
@@ -163,6 +192,7 @@ class QuotaPolicy(_Model):
                 products=s.products,
                 taints=tuple(TaintSpec(t.key, t.value, t.effect) for t in s.taints),
                 tolerate=s.tolerate,
+                reserve=s.reserve is not None,
             )
             for name, s in self.tiers.items()
         }
@@ -371,6 +401,22 @@ def check_policy(
                     problems.append((here, f"LocalQueue {ns}/{queue} is also {queues[key]}'s"))
                 if not DNS_LABEL.match(queue):
                     problems.append((here, f"LocalQueue name {queue!r} is not a DNS label"))
+    problems.extend(_reserve_problems(policy))
+    for tier, settings in policy.tiers.items():
+        if settings.reserve is None:
+            continue
+        cq, owner = reserved_queue_name(tier), f"the reserve of tier {tier}"
+        if cq_names.setdefault(cq, owner) != owner:
+            problems.append((["tiers", tier, "reserve"], f"ClusterQueue {cq} is {cq_names[cq]}'s"))
+        for ns in reserve_namespaces(policy, tier):
+            key = (ns, reserved_local_queue(policy, tier))
+            if queues.setdefault(key, owner) != owner:
+                problems.append(
+                    (
+                        ["tiers", tier, "reserve", "queue"],
+                        f"LocalQueue {key[0]}/{key[1]} is also {queues[key]}'s",
+                    )
+                )
     return problems
 
 
@@ -408,6 +454,53 @@ def _settings_problems(
     for t_index, taint in enumerate(settings.taints):
         problems.extend(_checked([*path, "taints", t_index, "key"], label_key, taint.key))
         problems.extend(_checked([*path, "taints", t_index, "value"], any_label_value, taint.value))
+    if settings.templates is not None:
+        problems.extend(_check_templates(settings.templates, [*path, "templates"]))
+    if settings.reserve is not None and settings.products:
+        problems.append(
+            ([*path, "reserve"], "a tier with a flavor per product cannot reserve nodes yet")
+        )
+    return problems
+
+
+def _reserve_problems(policy: QuotaPolicy) -> list[tuple[list[str | int], str]]:
+    problems: list[tuple[list[str | int], str]] = []
+    teams = {t.name: t for t in policy.teams}
+    for tier, settings in policy.tiers.items():
+        reserve = settings.reserve
+        if reserve is None:
+            continue
+        path: list[str | int] = ["tiers", tier, "reserve"]
+        for i, name in enumerate(reserve.teams):
+            if name not in teams:
+                problems.append(([*path, "teams", i], f"no team {name} in teams"))
+            elif not team_namespaces(teams[name]):
+                problems.append(([*path, "teams", i], f"team {name} lists no namespaces"))
+        queue = reserved_local_queue(policy, tier)
+        if not DNS_LABEL.match(queue) or len(queue) > 63:
+            problems.append(([*path, "queue"], f"LocalQueue name {queue!r} is not a DNS label"))
+        if not any(tier in t.tiers for t in policy.teams):
+            problems.append((path, f"no team has quota in tier {tier} to borrow the reserve"))
+    return problems
+
+
+MIG_PROFILE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb(\+[a-z]+)?$")  # 3g.40gb, 1g.10gb+me
+
+
+def _check_templates(t: Templates, path: list[str | int]) -> list[tuple[list[str | int], str]]:
+    problems: list[tuple[list[str | int], str]] = []
+    if not t.gpus and not t.mig:
+        problems.append((path, "a template names gpus (counts), mig (profiles) or both"))
+    for i, n in enumerate(t.gpus):
+        if not 0 < n <= MAX_QUANTITY:
+            problems.append(([*path, "gpus", i], f"{n} is not a GPU count (1 or more)"))
+    if len(set(t.gpus)) != len(t.gpus):
+        problems.append(([*path, "gpus"], "a count is listed twice"))
+    for i, profile in enumerate(t.mig):
+        if not MIG_PROFILE.match(profile):
+            problems.append(
+                ([*path, "mig", i], f"{profile!r} is not a MIG profile name such as 3g.40gb")
+            )
     return problems
 
 
@@ -458,6 +551,8 @@ def _check_team_tier(
                 problems.append(([*at, "lend"], "a hard quota is never lent; drop lend"))
             if quota.lend is not None and quota.lend > quota.guaranteed:
                 problems.append(([*at, "lend"], "cannot lend more than is guaranteed"))
+    if tt.templates is not None:
+        problems.extend(_check_templates(tt.templates, [*here, "templates"]))
     if len(covered) > MAX_COVERED:
         problems.append((here, f"more than {MAX_COVERED} resources (Kueue's limit)"))
     if len(tt.products) > MAX_FLAVORS:
@@ -476,6 +571,26 @@ def dns_name(text: str) -> str:
 def cluster_queue_name(team: str, tier: str) -> str:
     """``<team>-<tier>``."""
     return f"{team}-{dns_name(tier)}"
+
+
+def reserved_queue_name(tier: str) -> str:
+    """``<tier>-reserved``: the ClusterQueue that owns a tier's reserved nodes' quota."""
+    return f"{dns_name(tier)}-reserved"
+
+
+def reserved_local_queue(policy: QuotaPolicy, tier: str) -> str:
+    """The LocalQueue large jobs are submitted to (``<tier>-large`` unless the policy says)."""
+    reserve = policy.settings(tier).reserve
+    return (reserve.queue if reserve and reserve.queue else None) or f"{dns_name(tier)}-large"
+
+
+def reserve_namespaces(policy: QuotaPolicy, tier: str) -> list[str]:
+    """The namespaces of the teams that submit large jobs to the tier's reserve."""
+    reserve = policy.settings(tier).reserve
+    if reserve is None:
+        return []
+    wanted = set(reserve.teams)
+    return sorted({ns for t in policy.teams if t.name in wanted for ns in team_namespaces(t)})
 
 
 def cohort_name(policy: QuotaPolicy, tier: str) -> str:
@@ -554,12 +669,32 @@ def cluster_queue(
 ) -> JSON:
     """The ClusterQueue of ``team`` in ``tier``."""
     tt = team.tiers[tier]
-    tier_flavors = [f for f in flavors if f.tier == tier]
+    tier_flavors = [f for f in flavors if f.tier == tier and not f.reserved]
     if tt.products:
         per_flavor = [(f, tt.products[f.product]) for f in tier_flavors if f.product in tt.products]
     else:
         per_flavor = [(f, tt.resources) for f in tier_flavors if f.product is None]
     covered = _resource_order(r for _, quotas in per_flavor for r in quotas)
+    flavor_entries = [
+        {"name": f.name, "resources": [_resource_entry(r, quotas.get(r)) for r in covered]}
+        for f, quotas in per_flavor
+    ]
+    reserved = next((f for f in flavors if f.tier == tier and f.reserved), None)
+    if reserved is not None and GPU in covered:
+        # Last, so Kueue tries the team's own flavor first: the reserved nodes' quota is
+        # borrowed (nothing nominal here, no limit) only when the tier has no room left, and
+        # Kueue reclaims it for the large jobs by preemption.
+        flavor_entries.append(
+            {
+                "name": reserved.name,
+                "resources": [
+                    {"name": r, "nominalQuota": 0}
+                    if r == GPU
+                    else {"name": r, "nominalQuota": 0, "borrowingLimit": 0}
+                    for r in covered
+                ],
+            }
+        )
     spec: JSON = {
         api.cohort_field: cohort_name(policy, tier),
         "namespaceSelector": {
@@ -572,24 +707,57 @@ def cluster_queue(
             ]
         },
         "preemption": {"reclaimWithinCohort": "Any" if tt.reclaimable else "Never"},
-        "resourceGroups": [
-            {
-                "coveredResources": covered,
-                "flavors": [
-                    {
-                        "name": f.name,
-                        "resources": [_resource_entry(r, quotas.get(r)) for r in covered],
-                    }
-                    for f, quotas in per_flavor
-                ],
-            }
-        ],
+        "resourceGroups": [{"coveredResources": covered, "flavors": flavor_entries}],
     }
     return {
         "apiVersion": api.api_version,
         "kind": kueue.CLUSTER_QUEUE.kind,
         "metadata": _meta(cluster_queue_name(team.name, tier), team.name, tier),
         "spec": spec,
+    }
+
+
+def reserved_cluster_queue(
+    policy: QuotaPolicy, tier: str, api: kueue.KueueApi, flavor: Flavor
+) -> JSON:
+    """The ClusterQueue that owns the reserved nodes' quota: only the reserve's teams submit
+    to it; it lends all of it in the cohort while idle and reclaims it by preemption."""
+    reserve = policy.settings(tier).reserve
+    assert reserve is not None
+    return {
+        "apiVersion": api.api_version,
+        "kind": kueue.CLUSTER_QUEUE.kind,
+        "metadata": _meta(reserved_queue_name(tier), None, tier),
+        "spec": {
+            api.cohort_field: cohort_name(policy, tier),
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": NAMESPACE_SELECTOR_KEY,
+                        "operator": "In",
+                        "values": reserve_namespaces(policy, tier),
+                    }
+                ]
+            },
+            "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"},
+            "resourceGroups": [
+                {
+                    "coveredResources": [GPU],
+                    "flavors": [
+                        {
+                            "name": flavor.name,
+                            "resources": [
+                                {
+                                    "name": GPU,
+                                    "nominalQuota": reserve.nodes * reserve.gpus,
+                                    "borrowingLimit": 0,
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
     }
 
 
@@ -617,6 +785,9 @@ def render(policy: QuotaPolicy, api: kueue.KueueApi, *, include_flavors: bool = 
     for team in policy.teams:
         for tier in team.tiers:
             out.append(cluster_queue(policy, team, tier, api, flavors))
+    reserved = [f for f in flavors if f.reserved]
+    for flavor in reserved:
+        out.append(reserved_cluster_queue(policy, flavor.tier, api, flavor))
     for team in policy.teams:
         for tier, tt in team.tiers.items():
             for ns, queue in _local_queues(team, tier, tt):
@@ -628,6 +799,18 @@ def render(policy: QuotaPolicy, api: kueue.KueueApi, *, include_flavors: bool = 
                         "spec": {"clusterQueue": cluster_queue_name(team.name, tier)},
                     }
                 )
+    for flavor in reserved:
+        for ns in reserve_namespaces(policy, flavor.tier):
+            out.append(
+                {
+                    "apiVersion": api.api_version,
+                    "kind": kueue.LOCAL_QUEUE.kind,
+                    "metadata": _meta(
+                        reserved_local_queue(policy, flavor.tier), None, flavor.tier, ns
+                    ),
+                    "spec": {"clusterQueue": reserved_queue_name(flavor.tier)},
+                }
+            )
     return out
 
 

@@ -3,7 +3,9 @@
 After each reconcile pass of the leader (or of a dry run) the service calls
 :meth:`KueueSync.after_pass`. At most every ``interval_s`` (the tier policy's ``resync_s``) it
 looks the Kueue API up through discovery, syncs the flavors (:class:`.flavors.FlavorSync`) and
-reads the ClusterQueues; on every pass it recomputes what the tiers' healthy nodes back of the
+reads the ClusterQueues, and keeps the nodes the quota policy reserves for large jobs marked
+(:mod:`.reserve`: a reserved node that fails is replaced within that interval); on every pass
+it recomputes what the tiers' healthy nodes back of the
 quota promised on them, from the node cache the controller already holds, so the metrics follow
 a drain within one pass. Without Kueue it does nothing but look again at the next interval.
 """
@@ -16,11 +18,13 @@ from collections.abc import Callable, Sequence
 from nodeagent_tiering.cluster import JSON, kueue
 from nodeagent_tiering.cluster.clock import Clock
 from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
+from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.quota.backing import backing
 from nodeagent_tiering.quota.flavors import Flavor, FlavorReport, FlavorSync, desired_flavors
 from nodeagent_tiering.quota.metrics import QuotaMetrics
 from nodeagent_tiering.quota.policy import QuotaPolicy
+from nodeagent_tiering.quota.reserve import ReservedNodes, ReserveSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,17 @@ def service_flavors(policy: TierPolicy, quota: QuotaPolicy | None) -> list[Flavo
     settings = quota.flavor_settings() if quota is not None else {}
     prefix = quota.flavor_prefix if quota is not None else ""
     return desired_flavors([t.name for t in policy.tiers], settings, prefix=prefix)
+
+
+def service_reserve(quota: QuotaPolicy | None) -> list[ReserveSpec]:
+    """The reserves of the quota policy's tiers (none without a policy)."""
+    if quota is None:
+        return []
+    return [
+        ReserveSpec(tier, s.reserve.nodes, s.reserve.gpus)
+        for tier, s in quota.tiers.items()
+        if s.reserve is not None
+    ]
 
 
 class KueueSync:
@@ -47,6 +62,7 @@ class KueueSync:
         dry_run: bool = False,
         may_act: Callable[[], bool] | None = None,
         dry_log: Callable[[str], None] | None = None,
+        reserve: Sequence[ReserveSpec] = (),
     ) -> None:
         self.kube = kube
         self.flavors = list(flavors)
@@ -61,6 +77,9 @@ class KueueSync:
         self._next_s = float("-inf")
         self._cluster_queues: list[JSON] = []
         self.last_report: FlavorReport | None = None
+        self.reserved = ReservedNodes(
+            kube, reserve, dry_run=dry_run, may_act=self.may_act, dry_log=dry_log
+        )
 
     def after_pass(self, nodes: Sequence[JSON], *, force: bool = False) -> FlavorReport | None:
         """Sync when due (or ``force``), then refresh the quota gauges from ``nodes``.
@@ -72,9 +91,22 @@ class KueueSync:
         if force or now >= self._next_s:
             self._next_s = now + self.interval_s
             report = self._sync_now()
+            if self.api is not None and self.reserved.specs:
+                self._keep_reserve(nodes)
         if self.api is not None:
             self.metrics.observe_backing(backing(nodes, self._cluster_queues, self.flavors))
         return report
+
+    def _keep_reserve(self, nodes: Sequence[JSON]) -> None:
+        try:
+            choices = self.reserved.sync([Node.from_object(n) for n in nodes])
+        except KubeError as exc:
+            self.metrics.sync_errors.inc()
+            log.warning("cannot keep the reserved nodes: %s", exc)
+            return
+        for tier, choice in choices.items():
+            self.metrics.reserved_nodes.labels(tier, "wanted").set(choice.wanted)
+            self.metrics.reserved_nodes.labels(tier, "kept").set(len(choice.kept))
 
     def _sync_now(self) -> FlavorReport | None:
         try:

@@ -173,6 +173,14 @@ class KueueEnv:
                 self.plane.kubectl(
                     "delete", f"{plural}.{kueue.GROUP}", *names, "--wait=false", check=False
                 )
+        # The request templates' admission policies and bindings (cluster-scoped too).
+        admission = client.AdmissionregistrationV1Api(self.api_client)
+        for binding in admission.list_validating_admission_policy_binding().items:
+            if self.uid in binding.metadata.name:
+                admission.delete_validating_admission_policy_binding(binding.metadata.name)
+        for policy in admission.list_validating_admission_policy().items:
+            if self.uid in policy.metadata.name:
+                admission.delete_validating_admission_policy(policy.metadata.name)
 
 
 @pytest.fixture

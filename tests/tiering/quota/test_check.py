@@ -85,7 +85,8 @@ def test_a_backed_policy_has_no_problems_until_health_takes_capacity_away(env, t
     assert code == 1
     shortfall = (
         f"the tier promises 16 and its healthy nodes hold 8 of 16 ({env.name('n2')} unstable "
-        "(GPUHealthy=False (Xid79): GPU 3 fell off the bus)): 8 not backed"
+        "(GPUHealthy=False (Xid79): GPU 3 fell off the bus; no faulty GPU published)): "
+        "8 not backed"
     )
     assert lines == [
         f"team {env.name('a')}, tier {tier}, nvidia.com/gpu: guaranteed 8 cannot be backed: "
@@ -188,3 +189,42 @@ def test_a_tainted_tier_whose_node_lacks_the_taint(env, tmp_path):
         f"tier {tier}: node {env.name('n1')} lacks the taint nodeagent.io/dedicated=train:"
         f"NoSchedule that flavor {tier} declares"
     ]
+
+
+def test_quota_changed_on_the_cluster_is_drift_and_what_kueue_admits_against(env, tmp_path):
+    # Issue 27 item 3: the file says 8 + 8 on 16 GPUs, someone raised team a's queue to 20.
+    data, tier = policy(env, {"a": 8, "b": 8})
+    env.node("n1", tier)
+    env.node("n2", tier)
+    apply(env, data)
+    cq = f"{env.name('a')}-{tier}"
+    env.edit("clusterqueues", cq, ["spec", "resourceGroups", 0, "flavors", 0, "resources", 0,
+                                   "nominalQuota"], 20)  # fmt: skip
+    code, lines = check(env, data, tmp_path)
+    assert code == 1
+    fix = "(`nodeagent tiering quota render --apply` restores the policy's; or change the policy)"
+    assert (
+        f"team {env.name('a')}, tier {tier}, nvidia.com/gpu: ClusterQueue {cq}, flavor {tier}: "
+        f"guarantees 20 on the cluster, 8 in the policy {fix}"
+    ) in lines
+    # Backing counts what Kueue admits against, as the service's metrics do: 28 on 16.
+    over = [line for line in lines if "cannot be backed" in line]
+    assert len(over) == 2, lines
+    assert all("the tier promises 28 and its nodes have 16 installed" in x for x in over), over
+
+    # The other way: the policy adds a MIG quota the cluster's queue does not have yet.
+    data_mig, _ = policy(env, {"a": 20, "b": 8}, mig={"a": 2})
+    code, lines = check(env, data_mig, tmp_path)
+    drift = [line for line in lines if f"ClusterQueue {cq}" in line]
+    assert any(
+        "nvidia.com/mig-1g.10gb" in x
+        and "the policy guarantees 2, the cluster's queue has no quota for it" in x
+        for x in drift
+    ), drift
+    assert not any("guarantees 20 on the cluster" in x for x in drift), drift
+
+    # And back in line: no drift.
+    env.edit("clusterqueues", cq, ["spec", "resourceGroups", 0, "flavors", 0, "resources", 0,
+                                   "nominalQuota"], 8)  # fmt: skip
+    code, lines = check(env, data, tmp_path)
+    assert (code, lines) == (0, ["quota policy backed by the cluster: no problems"])

@@ -160,10 +160,11 @@ def test_each_identity_works_under_exactly_its_role(env, tmp_path):
         for c in used(env, mark, "nodeagent-tiering")
         if c[1] in ("resourceflavors", "clusterqueues")
     }
+    # A pass lists; the diagnosis's informers watch the queues (tests/tiering/pending).
     kueue_rules = {
         (verb, resource)
         for verb, resource in granted(original, "nodeagent-tiering")
-        if resource in ("resourceflavors", "clusterqueues")
+        if resource in ("resourceflavors", "clusterqueues") and verb != "watch"
     }
     assert applied(kueue_calls) == kueue_rules
 
@@ -179,6 +180,8 @@ def test_each_identity_works_under_exactly_its_role(env, tmp_path):
                 "tiers": {env.name("gen"): {"resources": {"nvidia.com/gpu": {"guaranteed": 1}}}},
             }
         ],
+        # Request templates: an admission policy and its binding, pruned with the tier below.
+        "tiers": {env.name("gen"): {"templates": {"gpus": [1, 2]}}},
     }
     quota.write_text(yaml.safe_dump(data))
     admin = bind(env, "nodeagent-tiering-quota-admin", "quota-admin")
@@ -191,6 +194,9 @@ def test_each_identity_works_under_exactly_its_role(env, tmp_path):
     result = CliRunner().invoke(app, [*args, "--prune"])
     assert result.exit_code == 0, result.output
     assert f"ClusterQueue {team}-{env.name('gen')}: pruned" in result.stdout
+    assert f"ValidatingAdmissionPolicy nodeagent-templates-{env.name('gen')}: pruned" in (
+        result.stdout
+    ), result.stdout.splitlines()
     assert applied(used(env, mark, "quota-admin")) == granted(
         original, "nodeagent-tiering-quota-admin"
     )

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from nodeagent import labels as lbl
 from nodeagent.agent.mig_planning import plan_for_diagnosis
 from nodeagent.cli.tiering import app
+from nodeagent.published import PublishedGpu, PublishedNode, encode
 from nodeagent.testing.clock import FakeClock
 from nodeagent.testing.kube.controlplane import ControlPlane, bins_dir
 from nodeagent_tiering import service as tiering
@@ -324,3 +325,115 @@ def test_without_kueue_the_service_keeps_no_flavors_and_quota_commands_say_why(
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("error: the cluster serves no Kueue API"), result.stderr
         assert "Traceback" not in result.output
+
+
+def test_quota_is_backed_gpu_by_gpu_in_the_metrics_and_quota_check(env, tmp_path):
+    # Issue 27 item 2: one GPU with an XID 48 on each of two nodes costs two GPUs of backing,
+    # not sixteen, while single-GPU remediation keeps the other seven of each serving.
+    train = env.name("train")
+    bad = PublishedNode(
+        tuple(
+            PublishedGpu(
+                index=i, model="NVIDIA H100 80GB HBM3", health="unhealthy" if i == 3 else "healthy"
+            )
+            for i in range(8)
+        ),
+        {},
+        True,
+    )
+    for n in ("a", "b"):
+        env.node(n, None, labels={lbl.POOL: env.uid, "role": "train"})
+    data = {
+        "version": "v1",
+        "teams": [
+            {
+                "name": env.name("t"),
+                "namespaces": [env.ns],
+                "tiers": {train: {"resources": {"nvidia.com/gpu": {"guaranteed": 16}}}},
+            }
+        ],
+    }
+    assert apply_objects(env.kube, env.api, render(quota_policy(data), env.api)).ok
+    policy = {**tier_policy(env), "gpu_remediation": {"enabled": True}}
+    service = build(env, policy=policy)
+    tiering.run_once(service)
+    tiering.run_once(service)
+    for n, allocatable in (("a", "8"), ("b", "7")):  # b's kubelet already lowered allocatable
+        name = env.name(n)
+        env.core.patch_node(
+            name, {"metadata": {"annotations": {lbl.GPU_STATE_ANNOTATION: encode(bad)}}}
+        )
+        env.core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "allocatable": {"nvidia.com/gpu": allocatable},
+                    "conditions": [
+                        {
+                            "type": "GPUHealthy",
+                            "status": "False",
+                            "reason": "Xid48",
+                            "message": "GPU 3: double-bit ECC error",
+                        }
+                    ],
+                }
+            },
+        )
+    tiering.run_once(service)
+    tiering.run_once(service)
+    for n in ("a", "b"):  # remediation: the nodes stay in their tier
+        assert env.core.read_node(env.name(n)).metadata.labels[lbl.TIER] == train
+    registry = service.controller.metrics.registry
+    key = {"tier": train, "flavor": train, "resource": "nvidia.com/gpu"}
+    assert (
+        registry.get_sample_value("nodeagent_tiering_quota_capacity", {**key, "state": "installed"})
+        == 16
+    )
+    assert (
+        registry.get_sample_value("nodeagent_tiering_quota_capacity", {**key, "state": "healthy"})
+        == 14
+    )
+    assert registry.get_sample_value("nodeagent_tiering_quota_backed", key) == 14
+
+    path = tmp_path / "quota.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(
+        app, ["quota", "check", "-f", str(path), "--kubeconfig", str(env.plane.admin.path)]
+    )
+    assert result.exit_code == 1, result.stdout
+    assert (
+        f"the tier promises 16 and its healthy nodes hold 14 of 16 ({env.name('a')} GPU 3 "
+        f"unhealthy; {env.name('b')} GPU 3 unhealthy): 2 not backed"
+    ) in result.stdout
+
+
+def test_the_service_keeps_the_reserved_node_marked_and_says_how_many(env):
+    train = env.name("train")
+    quota = quota_policy(
+        {
+            "version": "v1",
+            "tiers": {train: {"reserve": {"nodes": 1, "teams": [env.name("t")]}}},
+            "teams": [
+                {
+                    "name": env.name("t"),
+                    "namespaces": [env.ns],
+                    "tiers": {train: {"resources": {"nvidia.com/gpu": {"guaranteed": 8}}}},
+                }
+            ],
+        }
+    )
+    labels = {lbl.POOL: env.uid, "role": "train"}
+    first, second = env.node("a", None, labels=labels), env.node("b", None, labels=labels)
+    service = build(env, quota)
+    tiering.run_once(service)  # the tier labels first, then the reserve over them
+    marked = {n: env.core.read_node(n).metadata.labels.get(lbl.RESERVED) for n in (first, second)}
+    assert marked == {first: lbl.RESERVED_VALUE, second: None}
+    assert [t.key for t in env.core.read_node(first).spec.taints] == [lbl.RESERVED]
+    registry = service.controller.metrics.registry
+    for state, value in (("wanted", 1), ("kept", 1)):
+        sample = {"tier": train, "state": state}
+        assert registry.get_sample_value("nodeagent_tiering_reserved_nodes", sample) == value
+    assert flavor(env, f"{train}-reserved")["spec"]["nodeLabels"] == {
+        lbl.TIER: train,
+        lbl.RESERVED: lbl.RESERVED_VALUE,
+    }
