@@ -1,8 +1,9 @@
 """The pool review, built in one place: ``nodeagent tiering report`` calls :func:`build_pool_review`
 and only prints or writes what it returns.
 
-Sections, in order: tiers (:mod:`.tiers`), quota and queues (:mod:`.quota`), shared GPUs
-(:mod:`.sharing`), fragmentation (:mod:`.fragmentation`). A new section is a
+Sections, in order: tiers (:mod:`.tiers`), quota and queues (:mod:`.quota`), reserved
+capacity (:mod:`.reserve`, with a reserve in the quota policy), shared GPUs (:mod:`.sharing`),
+fragmentation (:mod:`.fragmentation`). A new section is a
 :class:`~nodeagent_tiering.review.sections.ReviewSection` appended in :func:`assemble_review`
 (from what :func:`~nodeagent_tiering.review.inputs.read_inputs` read) or in
 :func:`build_pool_review` (when it reads something of its own).
@@ -13,15 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from nodeagent_tiering.cluster.cluster_api import Kube
+from nodeagent_tiering.cluster.memory import gc_paused
 from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.pending.mig import MigPlanner
 from nodeagent_tiering.quota.flavors import Flavor
 from nodeagent_tiering.quota.policy import QuotaPolicy
 from nodeagent_tiering.review.fragmentation import read_fragmentation
-from nodeagent_tiering.review.inputs import ReviewInputs, gc_paused, read_inputs
+from nodeagent_tiering.review.inputs import ReviewInputs, read_inputs
 from nodeagent_tiering.review.prometheus import PromUsage, query_prometheus, query_usage
 from nodeagent_tiering.review.quota import build_section
+from nodeagent_tiering.review.reserve import reserve_section
 from nodeagent_tiering.review.sharing import sharing_section
 from nodeagent_tiering.review.tiers import Review, build_review
 
@@ -100,5 +103,8 @@ def assemble_review(
             inputs, policy=quota, flavors=flavors, prometheus=usage, prometheus_source=usage_source
         )
     )
+    reserve = reserve_section(inputs, quota, flavors)
+    if reserve is not None:
+        review.sections.append(reserve)
     review.sections.append(sharing_section(nodes))
     return review

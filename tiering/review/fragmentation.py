@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nodeagent_tiering.cluster.cluster_api import Kube, KubeError
+from nodeagent_tiering.cluster.nodes import GPU_RESOURCE, MIG_PREFIX
 from nodeagent_tiering.cluster.tier_policy import TierPolicy
 from nodeagent_tiering.cluster.view import read_view
 from nodeagent_tiering.pending.diagnosis import Diagnoser
@@ -49,6 +50,65 @@ def mig_template(free: float, fit: Mapping[str, float]) -> tuple[str, float] | N
     return (profile, taken / free) if taken > 0 else None
 
 
+def queue_change(request: str, mig_templates: Iterable[str]) -> str:
+    """What a queue whose pods make fragmentation would change, from its main request size
+    (``"<units> <resource>"``, as the history writes it)."""
+    count, _, resource = request.partition(" ")
+    units = int(count) if count.isdigit() else 0
+    if resource == GPU_RESOURCE:
+        if 0 < units < max(WHOLE_SIZES) and units not in WHOLE_SIZES:
+            fit = min(s for s in WHOLE_SIZES if s > units)
+            sizes = ", ".join(map(str, sorted(WHOLE_SIZES)))
+            return f"ask for {fit} GPUs, not {units} (a request template: gpus {sizes})"
+        if units > max(WHOLE_SIZES) and units % max(WHOLE_SIZES):
+            return f"ask for whole nodes ({max(WHOLE_SIZES)} GPUs each), not {units} GPUs"
+        return (
+            f"pack its {units}-GPU pods on fewer nodes (kube-scheduler NodeResourcesFit "
+            f"MostAllocated scoring for {GPU_RESOURCE})"
+        )
+    profile = resource.removeprefix(MIG_PREFIX)
+    wanted = sorted(set(mig_templates) - {profile})
+    if profile != resource and wanted and profile not in set(mig_templates):
+        return f"ask for {' or '.join(wanted)} (the MIG template), not {profile}"
+    return "keep to the request-size templates below"
+
+
+def queue_account(days: Iterable[Day], mig_templates: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per ClusterQueue over the days: on how many days its pods stranded or blocked capacity,
+    how much (unit-hours), its main request size in those and what it would change; ordered by
+    days, then unit-hours (the queues that make lasting fragmentation first)."""
+    hours = 1 / 3600
+    templates = list(mig_templates)
+    seen: dict[str, int] = {}
+    parts: dict[str, dict[str, float]] = {"stranded": {}, "blocking": {}}
+    sizes: dict[str, dict[str, float]] = {}
+    for day in days:
+        for queue in {q for part in day.queues.values() for q, v in part.items() if v > 0}:
+            seen[queue] = seen.get(queue, 0) + 1
+        for name, table in day.queues.items():
+            for queue, v in table.items():
+                parts[name][queue] = parts[name].get(queue, 0.0) + v
+        for queue, by_size in day.queue_sizes.items():
+            mine = sizes.setdefault(queue, {})
+            for size, v in by_size.items():
+                mine[size] = mine.get(size, 0.0) + v
+    out: dict[str, dict[str, Any]] = {}
+    for queue in seen:
+        stranded = parts["stranded"].get(queue, 0.0)
+        blocking = parts["blocking"].get(queue, 0.0)
+        main = max(sizes.get(queue, {}).items(), key=lambda kv: (kv[1], kv[0]), default=None)
+        out[queue] = {
+            "days": seen[queue],
+            "stranded": round(stranded * hours, 2),
+            "blocking": round(blocking * hours, 2),
+            "request": main[0] if main else "",
+            "change": queue_change(main[0], templates) if main else "",
+        }
+    return dict(
+        sorted(out.items(), key=lambda kv: (-kv[1]["days"], -kv[1]["stranded"] - kv[1]["blocking"]))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Fragmentation:
     """The fragmentation section of the pool review."""
@@ -64,6 +124,9 @@ class Fragmentation:
     stranding_ns: dict[str, float]  # GPU-hours + slice-hours stranded beside their pods
     stranding_size: dict[str, float]
     templates: dict[str, dict[str, Any]]  # tier -> {"gpus": ..., "mig": ...}
+    # ClusterQueue -> days, stranded and blocking unit-hours, main request, change (see
+    # :func:`queue_account`), the lasting ones first
+    queues: dict[str, dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         """Plain data."""
@@ -108,6 +171,7 @@ def fragmentation_section(
     if current is not None:
         for diag in current.diagnoses:
             now[diag.reason.value] = now.get(diag.reason.value, 0) + 1
+    mig_templates = [e["mig"]["profile"] for e in templates.values() if "mig" in e]
     return Fragmentation(
         period_s=period_s,
         days=len(days),
@@ -120,6 +184,7 @@ def fragmentation_section(
         stranding_ns=scaled(stranding_ns),
         stranding_size=scaled(stranding_size),
         templates=templates,
+        queues=queue_account(days, mig_templates),
     )
 
 
@@ -153,6 +218,31 @@ def section_tables(f: Fragmentation) -> list[SectionTable]:
             "Stranding by the request size of the pods beside it", "REQUEST", f.stranding_size
         ),
     ]
+    tables.append(
+        (
+            "Queues whose pods make lasting fragmentation (stranding beside them, or in the way "
+            "of a blocked request)",
+            [
+                "CLUSTERQUEUE",
+                "DAYS",
+                "STRANDED UNIT-HOURS",
+                "BLOCKING UNIT-HOURS",
+                "REQUEST",
+                "CHANGE",
+            ],
+            [
+                [
+                    q,
+                    str(a["days"]),
+                    f"{a['stranded']:g}",
+                    f"{a['blocking']:g}",
+                    a["request"] or "-",
+                    a["change"] or "-",
+                ]
+                for q, a in list(f.queues.items())[:10]
+            ],
+        )
+    )
     rows = []
     for tier, entry in f.templates.items():
         gpus = entry.get("gpus")

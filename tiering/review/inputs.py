@@ -3,9 +3,7 @@ benchmark use the one reader)."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nodeagent_tiering.cluster import JSON, kueue
@@ -52,21 +50,3 @@ def read_inputs(kube: Kube, *, now_s: float, period_s: float) -> ReviewInputs:
         inputs.local_queues = kube.list_kueue(api, kueue.LOCAL_QUEUE)
         inputs.workloads = kube.list_kueue(api, kueue.WORKLOAD)
     return inputs
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while the review reads and builds.
-
-    Decoded API lists are trees of dicts and lists without cycles, freed by reference counting
-    alone; but each of the collector's full passes walks every live object, and reading
-    100,000 Workloads and pods creates millions of them: with the collector on, decoding takes
-    four to six times as long (docs/benchmarks.md). It is on again on the way out.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()

@@ -96,7 +96,7 @@ def build_section(
             if RESOURCE.match(resource):  # the review is about GPUs; CPU quota is not
                 u = r.resources.setdefault(resource, ResourceUse())
                 u.guaranteed += amount
-        for resource, total, borrowed in cq.usage:
+        for _flavor, resource, total, borrowed in cq.usage:
             if not RESOURCE.match(resource):
                 continue
             u = r.resources.setdefault(resource, ResourceUse())

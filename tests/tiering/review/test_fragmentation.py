@@ -10,10 +10,13 @@ from typer.testing import CliRunner
 from nodeagent.cli.tiering import app
 from nodeagent.testing.kube.controlplane import ControlPlane
 from nodeagent_tiering.cluster.cluster_api import Kube
-from nodeagent_tiering.pending.history import History, HistoryStore
+from nodeagent_tiering.cluster.view import NO_QUEUE
+from nodeagent_tiering.pending.history import Day, History, HistoryStore
 from nodeagent_tiering.review.fragmentation import (
     fragmentation_section,
     mig_template,
+    queue_account,
+    queue_change,
     whole_template,
 )
 from tests.tiering.pending.builders import NOON, diagnose, fragmented
@@ -42,6 +45,52 @@ def test_the_section_sums_the_period_and_recommends_per_tier() -> None:
     assert list(section.blocked_ns) == ["research"]
     assert list(section.stranding_ns) == ["busy"]
     assert section.templates["training"]["gpus"] == {"size": 4, "share": 0.8}
+    assert section.queues == {
+        NO_QUEUE: {
+            "days": 1,
+            "stranded": round(10 * 59 * 60 / 3600, 2),
+            "blocking": round(8 * 59 * 60 / 3600, 2),
+            "request": "3 nvidia.com/gpu",
+            "change": "ask for 4 GPUs, not 3 (a request template: gpus 1, 2, 4, 8)",
+        }
+    }
+
+
+def test_queues_that_fragment_day_after_day_come_first_with_the_change_they_would_make() -> None:
+    def day(queues: dict[str, float], sizes: dict[str, str]) -> Day:
+        d = Day(observed_s=86400)
+        d.queues = {"stranded": dict(queues), "blocking": {}}
+        d.queue_sizes = {q: {size: queues[q]} for q, size in sizes.items()}
+        return d
+
+    hour = 3600.0
+    days = [
+        day(
+            {"daily": 1 * hour, "burst": 40 * hour},
+            {"daily": "6 nvidia.com/gpu", "burst": "2 nvidia.com/gpu"},
+        ),
+        day(
+            {"daily": 2 * hour, "mig": 3 * hour},
+            {"daily": "6 nvidia.com/gpu", "mig": "1 nvidia.com/mig-2g.20gb"},
+        ),
+        day(
+            {"daily": 1 * hour, "mig": 1 * hour},
+            {"daily": "6 nvidia.com/gpu", "mig": "1 nvidia.com/mig-2g.20gb"},
+        ),
+    ]
+    account = queue_account(days, ["3g.40gb"])
+    # "daily" strands a little every day: lasting, so first; "burst" once, however much.
+    assert list(account) == ["daily", "mig", "burst"]
+    assert account["daily"] == {
+        "days": 3,
+        "stranded": 4.0,
+        "blocking": 0.0,
+        "request": "6 nvidia.com/gpu",
+        "change": "ask for 8 GPUs, not 6 (a request template: gpus 1, 2, 4, 8)",
+    }
+    assert account["mig"]["change"] == "ask for 3g.40gb (the MIG template), not 2g.20gb"
+    assert account["burst"]["change"].startswith("pack its 2-GPU pods on fewer nodes")
+    assert queue_change("12 nvidia.com/gpu", []) == "ask for whole nodes (8 GPUs each), not 12 GPUs"
 
 
 def test_the_report_shows_the_section_from_the_configmap(
@@ -64,5 +113,6 @@ def test_the_report_shows_the_section_from_the_configmap(
     assert table.exit_code == 0, table.output
     assert "Pending GPU workloads by reason" in table.output
     assert "Recommended request-size templates" in table.output
+    assert "Queues whose pods make lasting fragmentation" in table.output
     html = CliRunner().invoke(app, ["report", "--html", "/dev/null", *access])
     assert html.exit_code == 0, html.output
