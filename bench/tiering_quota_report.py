@@ -12,7 +12,7 @@ then does what ``nodeagent tiering report --quota ... --json --html`` does after
 3. render the table rows, the JSON and the HTML page.
 
 The command pauses Python's cyclic garbage collector while it reads and builds
-(``review.inputs.gc_paused``); the measured runs do the same. Baselines, same run: the same
+(``cluster.memory.gc_paused``); the measured runs do the same. Baselines, same run: the same
 report with the collector left on (one run: what the pause saves), and the tier review alone
 (no quota section) over the same 5,000 nodes and Events -- what the review cost before.
 Target: the whole report under 10 s. Median of ``--runs`` runs, wall clock per phase and the
@@ -35,9 +35,10 @@ from tiering_common import count_options
 
 from nodeagent.testing.kueue_month import simulate
 from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.cluster.memory import gc_paused
 from nodeagent_tiering.cluster.nodes import Node
 from nodeagent_tiering.review.build import assemble_review
-from nodeagent_tiering.review.inputs import ReviewInputs, gc_paused
+from nodeagent_tiering.review.inputs import ReviewInputs
 from nodeagent_tiering.review.quota_section import QuotaSection
 from nodeagent_tiering.review.render import render_html, table_rows
 from nodeagent_tiering.review.tiers import build_review

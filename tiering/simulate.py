@@ -3,8 +3,9 @@
 With a tier policy the pass first plans tiers and drains exactly as the leader would
 (:func:`nodeagent_tiering.drain.planner.plan`) and applies the node writes it would make
 (tier labels, cordon, taint, drain record) to the objects; then it diagnoses every pending
-GPU pod. Pods without a node are taken as the scheduler found them: unschedulable (there is
-no scheduler here).
+GPU pod and every GPU Workload waiting in Kueue with no pod yet (its queue arithmetic from the
+file's LocalQueues and ClusterQueues). Pods without a node are taken as the scheduler found
+them: unschedulable (there is no scheduler here).
 """
 
 from __future__ import annotations
@@ -94,12 +95,16 @@ def simulate(
     planner: MigPlanner,
     *,
     now_s: float,
+    local_queues: Sequence[Mapping[str, Any]] = (),
+    cluster_queues: Sequence[Mapping[str, Any]] = (),
 ) -> Simulation:
     """One pass: the service's node writes (with a policy), then the diagnosis."""
     actions: tuple[str, ...] = ()
     objects = [dict(n) for n in nodes]
     if policy is not None:
         actions, objects = _apply(objects, policy, now_s)
-    view = view_from_objects(objects, pods, workloads)
+    view = view_from_objects(
+        objects, pods, workloads, local_queues=local_queues, cluster_queues=cluster_queues
+    )
     result = Diagnoser(view, settings_for(policy, assume_unschedulable=True), planner).run()
     return Simulation(actions, result, tuple(objects))

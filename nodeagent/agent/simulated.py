@@ -22,7 +22,7 @@ real API server; a test checks that both give the same answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,8 +313,65 @@ class SimulatedCluster:
             out.append(obj)
         return out
 
+    def kueue_objects(self, kind: str) -> list[JSON]:
+        """The file's Kueue objects of one kind (``LocalQueue``, ``ClusterQueue``...)."""
+        return [k.model_dump() for k in self.cluster.kueue if k.kind == kind]
+
     def workload_objects(self) -> list[JSON] | None:
-        """The file's Kueue Workloads, or ``None`` when it has no Kueue objects at all."""
-        if not self.cluster.kueue:
+        """The file's Kueue Workloads, with the one Kueue makes for each suspended Job that
+        names a queue (and has none in the file); ``None`` when the file has neither Kueue
+        objects nor such Jobs."""
+        made = [w for w in map(_job_workload, self.cluster.jobs) if w is not None]
+        if not self.cluster.kueue and not made:
             return None
-        return [k.model_dump() for k in self.cluster.kueue if k.kind == "Workload"]
+        listed = self.kueue_objects("Workload")
+        owned = {
+            str(ref.get("uid"))
+            for w in listed
+            for ref in (w.get("metadata") or {}).get("ownerReferences") or ()
+        }
+        return listed + [w for w in made if w["metadata"]["ownerReferences"][0]["uid"] not in owned]
+
+
+def _job_workload(job: Mapping[str, Any]) -> JSON | None:
+    """The Workload Kueue's batch/v1 Job integration makes for a suspended Job that names a
+    LocalQueue (label ``kueue.x-k8s.io/queue-name``), as it stands before admission: one pod
+    set of ``parallelism`` pods from the Job's template, no conditions yet. None for a Job
+    Kueue does not manage, or one not suspended (its pods, if any, are in the file)."""
+    meta = job.get("metadata") or {}
+    spec = job.get("spec") or {}
+    queue = (meta.get("labels") or {}).get(lbl.KUEUE_QUEUE_NAME)
+    if not queue or not spec.get("suspend"):
+        return None
+    namespace = meta.get("namespace") or "default"
+    name = str(meta["name"])
+    uid = str(meta.get("uid") or f"simulated-job-{namespace}-{name}")
+    parallelism = spec.get("parallelism")
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": f"job-{name}",
+            "namespace": namespace,
+            "uid": f"simulated-workload-{uid}",
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": name,
+                    "uid": uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "queueName": queue,
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 1 if parallelism is None else int(parallelism),
+                    "template": spec["template"],
+                }
+            ],
+        },
+    }

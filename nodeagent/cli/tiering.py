@@ -468,11 +468,11 @@ def quota_render_command(
     server: ServerOption = None,
     in_cluster: InClusterOption = False,
 ) -> None:
-    """Print the ClusterQueues, Cohorts, LocalQueues (and flavors) as multi-document YAML, or
-    apply them."""
+    """Print the ClusterQueues, Cohorts, LocalQueues (and flavors), and the request templates'
+    ValidatingAdmissionPolicies, as multi-document YAML, or apply them."""
     from nodeagent_tiering.cluster.cluster_api import KubeError
-    from nodeagent_tiering.quota.apply import apply_objects
-    from nodeagent_tiering.quota.policy import render, render_yaml
+    from nodeagent_tiering.quota.apply import apply_objects, policy_objects
+    from nodeagent_tiering.quota.policy import render_yaml
 
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy)
@@ -481,7 +481,7 @@ def quota_render_command(
         api_client, kube_cls = _client(server, kubeconfig, in_cluster)
         kube = kube_cls(api_client)
     api = _kueue_api(kueue_version, kube)
-    objects = render(quota, api, include_flavors=flavors)
+    objects = policy_objects(quota, api, include_flavors=flavors)
     if not apply:
         sys.stdout.write(render_yaml(objects))
         raise typer.Exit(EXIT_OK)
@@ -523,6 +523,7 @@ def quota_check_command(
             cluster_queues=kube.list_kueue(api, kueue.CLUSTER_QUEUE),
             local_queues=kube.list_kueue(api, kueue.LOCAL_QUEUE),
             workloads=kube.list_kueue(api, kueue.WORKLOAD),
+            api=api,
         )
     except KubeError as exc:
         fail(str(exc), "check --server/--kubeconfig and the RBAC of this identity")
@@ -591,13 +592,15 @@ def quota_flavors_command(
     raise typer.Exit(EXIT_DRIFT if bad else EXIT_OK)
 
 
+NOTHING_WAITS = "no pending GPU pods, and no GPU job waiting in Kueue\n"
 PENDING_HEADERS = ["POD", "REQUEST", "REASON", "EVIDENCE", "SMALLEST UNBLOCKING CHANGE"]
 
 
 def _pending_rows(result: Any) -> list[list[str]]:
     return [
         [
-            d.pod,
+            # A job waiting in Kueue has no pod yet: its row names the job as kind/name.
+            d.pod if d.kind == "Pod" else f"{d.kind}/{d.pod}",
             ", ".join(f"{n} {r}" for r, n in sorted(d.request.items())),
             d.reason.value,
             d.evidence,
@@ -610,7 +613,10 @@ def _pending_rows(result: Any) -> list[list[str]]:
 @app.command("why-pending")
 def why_pending_command(
     pod: Annotated[
-        str | None, typer.Argument(help="One pod (in --namespace, default `default`).")
+        str | None,
+        typer.Argument(
+            help="One pod, or a job waiting in Kueue (in --namespace, default `default`)."
+        ),
     ] = None,
     namespace: Annotated[
         str | None,
@@ -630,7 +636,8 @@ def why_pending_command(
     server: ServerOption = None,
     in_cluster: InClusterOption = False,
 ) -> None:
-    """Why each pending GPU pod waits, and the smallest change that would unblock it."""
+    """Why each pending GPU pod (and each GPU job waiting in Kueue) waits, and the smallest
+    change that would unblock it."""
     from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.cluster.view import read_view
     from nodeagent_tiering.pending.diagnosis import diagnose_some
@@ -651,7 +658,10 @@ def why_pending_command(
     if pod is not None and not result.diagnoses:
         found = next((p for p in view.pods if (p.namespace, p.name) == (namespace, pod)), None)
         if found is None:
-            fail(f"no pod {namespace}/{pod}", "check the name and -n NAMESPACE")
+            fail(
+                f"no pod and no job waiting in Kueue called {namespace}/{pod}",
+                "check the name and -n NAMESPACE",
+            )
         if not as_json:
             where = f" on node {found.node_name}" if found.node_name else ""
             what = "requests no GPU" if not found.requests else f"is {found.phase}{where}"
@@ -662,7 +672,7 @@ def why_pending_command(
     elif result.diagnoses:
         print_table(PENDING_HEADERS, _pending_rows(result))
     else:
-        sys.stdout.write("no pending GPU pods\n")
+        sys.stdout.write(NOTHING_WAITS)
 
 
 @app.command("simulate")
@@ -706,6 +716,8 @@ def simulate_command(
             policy,
             plan_for_diagnosis,
             now_s=time.time(),
+            local_queues=simulated.kueue_objects("LocalQueue"),
+            cluster_queues=simulated.kueue_objects("ClusterQueue"),
         )
     if as_json:
         emit_json(outcome.to_json())
@@ -717,4 +729,4 @@ def simulate_command(
     if outcome.result.diagnoses:
         print_table(PENDING_HEADERS, _pending_rows(outcome.result))
     else:
-        sys.stdout.write("no pending GPU pods\n")
+        sys.stdout.write(NOTHING_WAITS)

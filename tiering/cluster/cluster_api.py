@@ -246,13 +246,18 @@ class Kube:
 
     def list_workloads(self) -> JSON | None:
         """Kueue's WorkloadList of every namespace, or ``None`` when Kueue is not installed."""
+        return self.list_kueue_plural("workloads")
+
+    def list_kueue_plural(self, plural: str) -> JSON | None:
+        """A Kueue list (``workloads``, ``localqueues``, ``clusterqueues``) of every namespace
+        in the version the service reads, or ``None`` when Kueue is not installed."""
         return self._call_if_found(
-            self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads"
+            self.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, plural
         )
 
-    def list_pod_events(self, component: str) -> list[JSON]:
-        """The Events ``component`` recorded about pods, in every namespace."""
-        selector = f"involvedObject.kind=Pod,source={component}"
+    def list_component_events(self, component: str) -> list[JSON]:
+        """The Events ``component`` recorded (about pods and jobs), in every namespace."""
+        selector = f"source={component}"
         data = self._call(self.core.list_event_for_all_namespaces, field_selector=selector)
         items: list[JSON] = data.get("items") or []
         return items
@@ -345,7 +350,9 @@ class Kube:
     def list_kueue(self, api: kueue.KueueApi, kind: kueue.Kind) -> list[JSON]:
         """Every object of a Kueue kind, in all namespaces (chunked)."""
         custom = client.CustomObjectsApi(self.api)
-        return self._pages(custom.list_cluster_custom_object, kueue.GROUP, api.version, kind.plural)
+        return self._pages(
+            custom.list_cluster_custom_object, kind.group, api.version_of(kind), kind.plural
+        )
 
     def apply_kueue(
         self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON, *, field_manager: str
@@ -368,15 +375,18 @@ class Kube:
         result: JSON = self._call(fn, *where, obj, **options)
         return result
 
-    def delete_kueue(self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON) -> None:
+    def delete_kueue(
+        self, api: kueue.KueueApi, kind: kueue.Kind, obj: JSON, *, same_version: bool = True
+    ) -> None:
         """Delete exactly the object read (uid and resourceVersion preconditions): one changed
-        or recreated since then stays (409)."""
+        or recreated since then stays (409). ``same_version=False`` checks the uid only: for an
+        object whose status others keep writing (a queue's usage, an admission policy's type
+        check), where a new resourceVersion says nothing about who owns it."""
         custom = client.CustomObjectsApi(self.api)
         meta = obj["metadata"]
+        version = meta.get("resourceVersion") if same_version else None
         body = client.V1DeleteOptions(
-            preconditions=client.V1Preconditions(
-                uid=meta.get("uid"), resource_version=meta.get("resourceVersion")
-            )
+            preconditions=client.V1Preconditions(uid=meta.get("uid"), resource_version=version)
         )
         fn, where = _kueue_call(
             api,
@@ -431,9 +441,10 @@ def _kueue_call(
     """The call for one Kueue object by its kind's scope, and the arguments that name the
     object (group, version, the namespace when namespaced, plural, name)."""
     meta = obj["metadata"]
+    version = api.version_of(kind)
     if kind.namespaced:
-        return namespaced, (kueue.GROUP, api.version, meta["namespace"], kind.plural, meta["name"])
-    return cluster_scoped, (kueue.GROUP, api.version, kind.plural, meta["name"])
+        return namespaced, (kind.group, version, meta["namespace"], kind.plural, meta["name"])
+    return cluster_scoped, (kind.group, version, kind.plural, meta["name"])
 
 
 def _message(exc: client.ApiException) -> str:

@@ -12,6 +12,8 @@
         mig: {layout: all-balanced, file: layouts.yaml}   # a mig-parted layout; file optional
     pods:                           # ordinary Pod manifests: with spec.nodeName it runs there,
       - {apiVersion: v1, kind: Pod, metadata: {...}, spec: {...}}   # without it it is pending
+    jobs:                           # batch/v1 Jobs; a suspended one with a queue-name label
+      - {apiVersion: batch/v1, kind: Job, metadata: {...}, spec: {...}}  # waits in Kueue
     kueue: []                       # optional Kueue objects (Workloads with status, queues...)
 
 Read by the project's one YAML reader (:mod:`nodeagent.config.yamlfile`: UTF-8 only, no tags,
@@ -158,6 +160,39 @@ _V1: Any = Literal["v1"]
 _POD: Any = Literal["Pod"]
 
 
+_BATCH_V1: Any = Literal["batch/v1"]
+_JOB: Any = Literal["Job"]
+
+
+def _job_model() -> type[BaseModel]:
+    """A Job: its pod template checked as strictly as a Pod, the fields Kueue reads typed."""
+    _, spec, meta = _pod_models()
+    template = create_model(
+        "PodTemplateSpec",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        metadata=(dict[str, Any] | None, None),
+        spec=(spec, ...),
+    )
+    job_spec = create_model(
+        "JobSpec",
+        # Fields the simulation does not read (backoffLimit, completionMode...) pass.
+        __config__=ConfigDict(extra="allow", frozen=True),
+        template=(template, ...),
+        parallelism=(Annotated[int, Field(ge=0)] | None, None),
+        completions=(Annotated[int, Field(ge=0)] | None, None),
+        suspend=(bool | None, None),
+    )
+    return create_model(
+        "Job",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        apiVersion=(_BATCH_V1, ...),
+        kind=(_JOB, ...),
+        metadata=(meta, ...),
+        spec=(job_spec, ...),
+        status=(dict[str, Any] | None, None),
+    )
+
+
 def _pod_model() -> type[BaseModel]:
     _, spec, meta = _pod_models()
     return create_model(
@@ -240,6 +275,7 @@ class ClusterFile(_Strict):
     version: Literal["v1"]
     nodes: Annotated[list[Node], Field(min_length=1)]
     pods: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
     kueue: list[KueueObject] = []
 
 
@@ -259,6 +295,7 @@ def _first_error(
     exc: ValidationError,
     prefix: tuple[Any, ...] = (),
     pod: str | None = None,
+    kind: str = "pod",
 ) -> str:
     err = exc.errors()[0]
     loc = (*prefix, *err["loc"])
@@ -270,7 +307,7 @@ def _first_error(
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     if pod is not None:
-        message = f"{message} (pod {pod})"
+        message = f"{message} ({kind} {pod})"
     return f"{doc.name}:{_line(doc, loc)}: {_where(loc)}: {message}"
 
 
@@ -309,6 +346,42 @@ def parse_cluster(text: str | bytes, source: str = "<cluster>") -> ClusterFile:
     return _validate(doc)
 
 
+def _check_manifests(
+    doc: Document,
+    section: str,
+    kind: str,
+    manifests: list[dict[str, Any]],
+    model: type[BaseModel],
+    pod_spec: tuple[str, ...],
+) -> None:
+    """Check one section of Kubernetes manifests (``pods``, ``jobs``): each against ``model``,
+    the quantities of the pod spec at ``pod_spec``, and no ``namespace/name`` twice."""
+    seen: dict[str, int] = {}
+    for i, obj in enumerate(manifests):
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        key = f"{(meta or {}).get('namespace') or 'default'}/{name}" if name else None
+        try:
+            model.model_validate(obj)
+        except ValidationError as exc:
+            raise ClusterFileError(_first_error(doc, exc, (section, i), key, kind)) from None
+        spec: Any = obj
+        for part in pod_spec:
+            spec = spec[part]
+        for at, problem in _resource_problems(spec):
+            loc = (section, i, *pod_spec, *at)
+            raise ClusterFileError(
+                f"{doc.name}:{_line(doc, loc)}: {_where(loc)}: {problem} ({kind} {key})"
+            )
+        assert key is not None  # the model requires metadata.name
+        if key in seen:
+            raise ClusterFileError(
+                f"{doc.name}:{_line(doc, (section, i))}: {section}.{i}: {kind} {key} is already "
+                f"defined at line {seen[key]}"
+            )
+        seen[key] = _line(doc, (section, i))
+
+
 def _validate(doc: Document) -> ClusterFile:
     source, data = doc.name, doc.data
     if data is None:
@@ -322,28 +395,8 @@ def _validate(doc: Document) -> ClusterFile:
         cluster = ClusterFile.model_validate(data)
     except ValidationError as exc:
         raise ClusterFileError(_first_error(doc, exc)) from None
-    pod_model = _pod_model()
-    seen: dict[str, int] = {}
-    for i, pod in enumerate(cluster.pods):
-        meta = pod.get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        key = f"{(meta or {}).get('namespace') or 'default'}/{name}" if name else None
-        try:
-            pod_model.model_validate(pod)
-        except ValidationError as exc:
-            raise ClusterFileError(_first_error(doc, exc, ("pods", i), key)) from None
-        for at, problem in _resource_problems(pod["spec"]):
-            loc = ("pods", i, "spec", *at)
-            raise ClusterFileError(
-                f"{source}:{_line(doc, loc)}: {_where(loc)}: {problem} (pod {key})"
-            )
-        assert key is not None  # the model requires metadata.name
-        if key in seen:
-            raise ClusterFileError(
-                f"{source}:{_line(doc, ('pods', i))}: pods.{i}: pod {key} is already defined "
-                f"at line {seen[key]}"
-            )
-        seen[key] = _line(doc, ("pods", i))
+    _check_manifests(doc, "pods", "pod", cluster.pods, _pod_model(), ("spec",))
+    _check_manifests(doc, "jobs", "job", cluster.jobs, _job_model(), ("spec", "template", "spec"))
     names: dict[str, int] = {}
     for i, node in enumerate(cluster.nodes):
         if node.name in names:

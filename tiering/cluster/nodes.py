@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from nodeagent import labels as lbl
 from nodeagent.published import PublishedError, PublishedGpu, PublishedNode, decode
@@ -242,11 +242,13 @@ class Node:
         """The tier label the service wrote, ``none`` without one."""
         return self.labels.get(lbl.TIER) or "none"
 
-    def amounts(self, names: re.Pattern[str]) -> dict[str, float]:
-        """The allocatable resources whose names match, as numbers (a value the API server
-        would refuse is left out)."""
+    def amounts(
+        self, names: re.Pattern[str], *, field: Literal["allocatable", "capacity"] = "allocatable"
+    ) -> dict[str, float]:
+        """The allocatable (or capacity) resources whose names match, as numbers (a value the
+        API server would refuse is left out)."""
         out: dict[str, float] = {}
-        for name, value in (self.status.get("allocatable") or {}).items():
+        for name, value in (self.status.get(field) or {}).items():
             if names.match(name):
                 try:
                     out[name] = units.amount(value)

@@ -256,11 +256,36 @@ class WorkloadInfo:
     finished_s: float | None = None  # the Finished=True transition
     preempted: str | None = None  # the reason of a true Preempted condition
     pod_sets: tuple[PodSetAssignment, ...] = ()  # status.admission.podSetAssignments
+    uid: str = ""
+    owner: OwnerRef | None = None  # the job (or pod) Kueue made it for: its first owner
+    active: bool = True  # spec.active: false when deactivated (Kueue never admits it)
+    # spec.podSets: (name, pods, each pod's GPU requests), for the diagnosis of a Workload whose
+    # pods do not exist yet (a suspended Job waiting for quota).
+    wanted: tuple[tuple[str, int, Mapping[str, int]], ...] = ()
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def requests(self) -> dict[str, int]:
+        """The GPU units the whole Workload asks for: every pod of every pod set."""
+        total: dict[str, int] = {}
+        for _, count, per_pod in self.wanted:
+            for resource, units_ in per_pod.items():
+                total[resource] = total.get(resource, 0) + count * units_
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """An owner reference: what ``kubectl describe`` names, and where Events go."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +348,8 @@ def workload_from_object(obj: Mapping[str, Any]) -> WorkloadInfo:
             preempted = str(cond.get("reason") or "Preempted")
     created = parse_time(meta.get("creationTimestamp"))
     admission = status.get("admission") or {}
+    owners = meta.get("ownerReferences") or ()
+    first = owners[0] if owners else None
     return WorkloadInfo(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name", "")),
@@ -339,7 +366,35 @@ def workload_from_object(obj: Mapping[str, Any]) -> WorkloadInfo:
         finished_s=finished_s,
         preempted=preempted,
         pod_sets=_pod_sets(admission) if quota == "True" else (),
+        uid=str(meta.get("uid") or ""),
+        owner=(
+            OwnerRef(
+                str(first.get("apiVersion") or ""),
+                str(first.get("kind") or ""),
+                str(first.get("name") or ""),
+                str(first.get("uid") or ""),
+            )
+            if isinstance(first, Mapping)
+            else None
+        ),
+        active=spec.get("active") is not False,
+        # Only a Workload still waiting is diagnosed from its spec: the review reads 100,000
+        # admitted and finished ones and needs none of it.
+        wanted=_wanted(spec) if quota != "True" and finished != "True" else (),
     )
+
+
+def _wanted(spec: Mapping[str, Any]) -> tuple[tuple[str, int, Mapping[str, int]], ...]:
+    out = []
+    for ps in spec.get("podSets") or ():
+        template = (ps.get("template") or {}).get("spec") or {}
+        try:
+            per_pod = pod_requests(template)
+        except ValueError:  # a quantity the API server would refuse: asks for nothing here
+            per_pod = {}
+        if per_pod:
+            out.append((str(ps.get("name") or "main"), _pod_count(ps.get("count")), per_pod))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +406,9 @@ class ClusterQueueInfo:
     cohort: str | None
     nominal: Mapping[tuple[str, str], float]  # (flavor, resource) -> nominalQuota
     lending: Mapping[tuple[str, str], float]  # lendingLimit, where set
-    usage: tuple[tuple[str, float, float], ...]  # status.flavorsUsage: (resource, total, borrowed)
+    # status.flavorsUsage: (flavor, resource, total, borrowed)
+    usage: tuple[tuple[str, str, float, float], ...]
+    borrowing: Mapping[tuple[str, str], float] = field(default_factory=dict)  # where set
 
 
 def cluster_queue_from_object(obj: Mapping[str, Any]) -> ClusterQueueInfo:
@@ -359,12 +416,16 @@ def cluster_queue_from_object(obj: Mapping[str, Any]) -> ClusterQueueInfo:
     meta = obj.get("metadata") or {}
     nominal: dict[tuple[str, str], float] = {}
     lending: dict[tuple[str, str], float] = {}
+    borrowing: dict[tuple[str, str], float] = {}
     for flavor, resource, entry in kueue.flavor_quotas(obj):
         nominal[(flavor, resource)] = units.amount_or_zero(entry.get("nominalQuota"))
         if entry.get("lendingLimit") is not None:
             lending[(flavor, resource)] = units.amount_or_zero(entry.get("lendingLimit"))
+        if entry.get("borrowingLimit") is not None:
+            borrowing[(flavor, resource)] = units.amount_or_zero(entry.get("borrowingLimit"))
     usage = tuple(
         (
+            str(fu.get("name")),
             str(r.get("name")),
             units.amount_or_zero(r.get("total")),
             units.amount_or_zero(r.get("borrowed")),
@@ -379,7 +440,15 @@ def cluster_queue_from_object(obj: Mapping[str, Any]) -> ClusterQueueInfo:
         nominal=nominal,
         lending=lending,
         usage=usage,
+        borrowing=borrowing,
     )
+
+
+def local_queue_from_object(obj: Mapping[str, Any]) -> tuple[tuple[str, str], str]:
+    """A kueue.x-k8s.io LocalQueue as ``((namespace, name), its ClusterQueue)``."""
+    meta = obj.get("metadata") or {}
+    key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
+    return key, str((obj.get("spec") or {}).get("clusterQueue") or "")
 
 
 # --- the whole view -----------------------------------------------------------------------------
@@ -393,12 +462,43 @@ class ClusterView:
     pods: tuple[PodInfo, ...]
     workloads: tuple[WorkloadInfo, ...] = ()
     kueue: bool = False  # the Kueue API is served (its Workloads were read)
+    local_queues: Mapping[tuple[str, str], str] = field(default_factory=dict)  # -> ClusterQueue
+    cluster_queues: tuple[ClusterQueueInfo, ...] = ()
+
+
+NO_QUEUE = "(no queue)"
+
+
+def pod_queues(view: ClusterView) -> dict[str, str]:
+    """The ClusterQueue each pod's quota comes from, by pod key (``namespace/name``).
+
+    A pod of an admitted Workload (its own, or its job's) is the Workload's ClusterQueue; else
+    the ClusterQueue behind its ``kueue.x-k8s.io/queue-name`` LocalQueue; else
+    :data:`NO_QUEUE` (a pod Kueue does not manage, or a queue this view does not know).
+    """
+    by_owner: dict[str, str] = {}
+    for w in view.workloads:
+        queue = w.cluster_queue or view.local_queues.get((w.namespace, w.queue), "")
+        if queue:
+            for uid in w.owners:
+                by_owner[uid] = queue
+    out: dict[str, str] = {}
+    for pod in view.pods:
+        queue = next((by_owner[u] for u in (pod.uid, *pod.owners) if u in by_owner), "")
+        if not queue:
+            local = pod.labels.get(KUEUE_QUEUE_LABEL, "")
+            queue = view.local_queues.get((pod.namespace, local), "") if local else ""
+        out[pod.key] = queue or NO_QUEUE
+    return out
 
 
 def view_from_objects(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     workloads: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    local_queues: Iterable[Mapping[str, Any]] = (),
+    cluster_queues: Iterable[Mapping[str, Any]] = (),
 ) -> ClusterView:
     """A view from raw API objects (``workloads=None``: the Kueue API is absent)."""
     return ClusterView(
@@ -406,20 +506,30 @@ def view_from_objects(
         pods=tuple(pod_from_object(p) for p in pods),
         workloads=tuple(workload_from_object(w) for w in workloads or ()),
         kueue=workloads is not None,
+        local_queues=dict(map(local_queue_from_object, local_queues)),
+        cluster_queues=tuple(map(cluster_queue_from_object, cluster_queues)),
     )
 
 
 def read_view(kube: Kube) -> ClusterView:
-    """Nodes, pods and (when Kueue is installed) Workloads, listed once.
+    """Nodes, pods and (when Kueue is installed) Workloads, LocalQueues and ClusterQueues,
+    listed once.
 
     Raises:
         KubeError: a list failed.
     """
     workloads = kube.list_workloads()
+    queues: dict[str, list[Any]] = {"localqueues": [], "clusterqueues": []}
+    if workloads is not None:
+        for plural in queues:
+            listed = kube.list_kueue_plural(plural)
+            queues[plural] = (listed or {}).get("items") or []
     return view_from_objects(
         kube.list_nodes().get("items") or [],
         kube.list_pods().get("items") or [],
         None if workloads is None else workloads.get("items") or [],
+        local_queues=queues["localqueues"],
+        cluster_queues=queues["clusterqueues"],
     )
 
 

@@ -160,7 +160,7 @@ def test_a_cluster_queue_parses_quota_lending_and_usage() -> None:
     assert cq.labels == {lbl.TEAM: "a"}
     assert cq.nominal == {("h100", "nvidia.com/gpu"): 16.0, ("h100", "cpu"): 0.5}
     assert cq.lending == {("h100", "cpu"): 0.0}
-    assert cq.usage == (("nvidia.com/gpu", 20.0, 4.0),)
+    assert cq.usage == (("h100", "nvidia.com/gpu", 20.0, 4.0),)
 
 
 @pytest.mark.parametrize(
