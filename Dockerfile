@@ -3,15 +3,31 @@
 # The install step is the tested one: `pip install .` from the source tree into a virtual
 # environment, as `make` does for development (there with `-e '.[dev]'`). Build with
 #   docker build -t nodeagent:0.1.0 .
-# NVML (libnvidia-ml.so) is not in the image: the NVIDIA container toolkit mounts the host
-# driver's copy and the GPU devices when the container asks for them (NVIDIA_VISIBLE_DEVICES).
+# NVIDIA's NVML is not in the image: the NVIDIA container toolkit mounts the host driver's
+# libnvidia-ml.so and the GPU devices when the container asks for them (NVIDIA_VISIBLE_DEVICES).
+# The image does carry the simulated libnvidia-ml.so.1 (docs/simulator.md), outside the loader's
+# path: only `nodeagent sim exec --driver` and `sim driver-root` use it, named by
+# NODEAGENT_LIBNVML, so that NVML programs run on a simulated node in the container too.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+ARG GO_IMAGE=golang:1.26.0-bookworm
+
+# NVIDIA's nvml.h, which the simulated library is compiled against, from the go-nvml module
+# hack/nvidia pins, found as `make libnvml` finds it (the header is never part of this tree).
+FROM ${GO_IMAGE} AS nvml-header
+WORKDIR /src
+COPY hack/nvidia/ hack/nvidia/
+RUN cp "$(bash hack/nvidia/build.sh --nvml-header)" /nvml.h
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
+# gcc for the simulated library only; this stage is thrown away. Debian's release pins it.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY nodeagent/ nodeagent/
 COPY mig/ mig/
@@ -22,6 +38,11 @@ COPY dra/ dra/
 COPY systemd/ systemd/
 RUN python -m venv /opt/nodeagent \
     && /opt/nodeagent/bin/pip install --no-cache-dir .
+COPY --from=nvml-header /nvml.h /tmp/nvml.h
+# Built here, where the compiler and the header are, against the Python the image runs.
+RUN NODEAGENT_NVML_HEADER=/tmp/nvml.h NODEAGENT_LIBNVML_CACHE=/opt/nodeagent/libnvml \
+        /opt/nodeagent/bin/python -m nodeagent.sim.libnvml > /tmp/libnvml-dir \
+    && ln -s "$(cat /tmp/libnvml-dir)/libnvidia-ml.so.1" /opt/nodeagent/libnvml/libnvidia-ml.so.1
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
@@ -33,7 +54,8 @@ ENV PATH=/opt/nodeagent/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=utility
+    NVIDIA_DRIVER_CAPABILITIES=utility \
+    NODEAGENT_LIBNVML=/opt/nodeagent/libnvml/libnvidia-ml.so.1
 COPY --from=build /opt/nodeagent /opt/nodeagent
 # An unprivileged default for `docker run nodeagent ...` (simulation, planning, `gpus`). The
 # DaemonSet runs the agent as root with only CAP_SYS_ADMIN: the kubelet's sockets are root-only

@@ -56,14 +56,52 @@ def test_hadolint_would_catch_a_regression(tmp_path: Path) -> None:
     assert "DL3007" in result.stdout
 
 
-def test_multi_stage_with_a_version_pinned_slim_base() -> None:
+def _stages() -> list[tuple[str, str]]:
+    """(image, stage name) of each FROM, build arguments filled in."""
     steps = instructions()
     args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
-    froms = [a for w, a in steps if w == "FROM"]
-    assert len(froms) >= 2, "build and runtime stages"
-    for image in froms:
-        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image.split()[0])
+    stages = []
+    for words in (a.split() for w, a in steps if w == "FROM"):
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
+        stages.append((image, words[-1] if len(words) == 3 else ""))
+    return stages
+
+
+def test_multi_stage_with_a_version_pinned_slim_base() -> None:
+    stages = _stages()
+    assert len(stages) >= 2, "build and runtime stages"
+    python = [image for image, name in stages if name != "nvml-header"]
+    for image in python:
         assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", image), image
+    assert len(set(python)) == 1, "the library built for the image's Python runs on that Python"
+
+
+def test_the_header_stage_runs_the_go_that_hack_nvidia_asks_for() -> None:
+    (image,) = [image for image, name in _stages() if name == "nvml-header"]
+    found = re.fullmatch(r"golang:(\d+)\.(\d+)\.(\d+)-\w+", image)
+    assert found, f"{image}: a pinned Go image"
+    gomod = (REPO / "hack/nvidia/ctk/go.mod").read_text()
+    wanted = re.search(r"^go (\d+)\.(\d+)(?:\.(\d+))?$", gomod, re.MULTILINE)
+    assert wanted is not None
+    have = tuple(int(x) for x in found.groups())
+    assert have >= tuple(int(x or 0) for x in wanted.groups()), (image, wanted.group(0))
+
+
+def test_the_image_carries_the_simulated_library_and_names_it() -> None:
+    steps = instructions()
+    runs = " ".join(a for w, a in steps if w == "RUN")
+    # The pin has one owner: the header comes through hack/nvidia, as `make libnvml` gets it.
+    assert "bash hack/nvidia/build.sh --nvml-header" in runs
+    assert "-m nodeagent.sim.libnvml" in runs
+    linked = re.search(r"ln -s \"[^\"]+\" (\S+/libnvidia-ml\.so\.1)", runs)
+    assert linked is not None
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    env = " ".join(a for w, a in runtime if w == "ENV")
+    assert f"NODEAGENT_LIBNVML={linked.group(1)}" in env
+    assert linked.group(1).startswith("/opt/nodeagent/"), "inside what the runtime stage copies"
+    assert ("COPY", "--from=build /opt/nodeagent /opt/nodeagent") in runtime
+    # Never where a program's loader would take it for the driver's NVML.
+    assert "LD_LIBRARY_PATH" not in env
 
 
 def test_installs_with_the_tested_command() -> None:

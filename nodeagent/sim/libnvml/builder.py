@@ -5,7 +5,9 @@ that ``hack/nvidia`` pins, or from ``NODEAGENT_NVML_HEADER``), the C core beside
 entry points :mod:`~nodeagent.sim.libnvml.gen` writes, and the Python the library will start
 when loaded into a program without one (its libpython, home and site directories, baked in).
 The output directory, keyed by a hash of all of these, holds ``libnvidia-ml.so.1``, the
-``libnvidia-ml.so`` link and the generated source.
+``libnvidia-ml.so`` link and the generated source. Where the library was built ahead of time
+(the container image does it in its build stage, where the compiler and the header are),
+``NODEAGENT_LIBNVML`` names it and nothing is built.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from nodeagent.sim.libnvml import bridge, gen
 HERE = Path(__file__).resolve().parent
 ENV_HEADER = "NODEAGENT_NVML_HEADER"
 ENV_CACHE = "NODEAGENT_LIBNVML_CACHE"
+ENV_LIBRARY = "NODEAGENT_LIBNVML"
 SONAME = "libnvidia-ml.so.1"
 
 
@@ -84,6 +87,19 @@ def cache_root() -> Path:
         return Path(named)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "nodeagent" / "libnvml"
+
+
+def library() -> Path:
+    """The simulated ``libnvidia-ml.so.1``: the one ``NODEAGENT_LIBNVML`` names, else built."""
+    named = os.environ.get(ENV_LIBRARY)
+    if named:
+        if not Path(named).is_file():
+            raise BuildError(
+                f"{ENV_LIBRARY}={named} is not a file; point it at a built {SONAME} "
+                f"(python -m nodeagent.sim.libnvml prints its folder) or unset it"
+            )
+        return Path(named)
+    return build() / SONAME
 
 
 def build(header: Path | None = None, root: Path | None = None) -> Path:

@@ -87,7 +87,7 @@ def _proc_devices() -> str:
 def driver_root(root: Path, state_dir: Path, library: Path | None = None) -> Path:
     """Write the driver root for the node in ``state_dir`` into ``root``; returns ``root``."""
     state: dict[str, Any] = StateStore(state_dir).read()
-    library = library or builder.build() / builder.SONAME
+    library = library or builder.library()
     version = str(state["driver_version"])
     libs = lib_dir(root)
     libs.mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,7 @@ def check_rights() -> None:
 def run(command: list[str], state_dir: Path, env: dict[str, str]) -> int:
     """Run ``command`` on the node in ``state_dir`` with its simulated driver; its exit status."""
     check_rights()
-    library = builder.build() / builder.SONAME
+    library = builder.library()
     with tempfile.TemporaryDirectory(prefix="nodeagent-driver-") as tmp:
         root = driver_root(Path(tmp), state_dir, library)
         env = {

@@ -374,3 +374,36 @@ def test_missing_compiler_is_one_clear_line(header: Path, tmp_path: Path) -> Non
     assert done.stderr.strip().splitlines() == [
         "libnvml: no C compiler 'no-such-gcc': install gcc (apt-get install gcc) or set CC"
     ]
+
+
+def test_a_library_built_ahead_is_used_as_is(libdir: Path, tmp_path: Path) -> None:
+    # The container image builds the library in its build stage and names it; at run time
+    # there is no compiler and no nvml.h, so nothing may be built.
+    if os.geteuid() != 0:
+        pytest.skip("a driver root's device nodes need root (mknod)")
+    prebuilt = tmp_path / "prebuilt" / builder.SONAME
+    prebuilt.parent.mkdir()
+    # Trailing bytes a loader ignores: they tell the named copy from any cached build.
+    prebuilt.write_bytes((libdir / builder.SONAME).read_bytes() + b"built-ahead")
+    env = {
+        **_node(tmp_path, "dgx-h100"),
+        builder.ENV_LIBRARY: str(prebuilt),
+        builder.ENV_HEADER: str(tmp_path / "no-nvml.h"),
+        builder.ENV_CACHE: str(tmp_path / "cache"),
+        "CC": "no-such-gcc",
+    }
+    root = tmp_path / "root"
+    _cli(env, "sim", "driver-root", str(root))
+    libs = next(root.glob("usr/lib/*"))
+    assert (libs / "libnvidia-ml.so.1").resolve().read_bytes() == prebuilt.read_bytes()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_named_library_that_is_missing_is_one_clear_line(tmp_path: Path) -> None:
+    env = {**_node(tmp_path, "dgx-h100"), builder.ENV_LIBRARY: str(tmp_path / "gone.so.1")}
+    done = _cli(env, "sim", "driver-root", str(tmp_path / "root"), check=False)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 2, lines  # the cause, and the hint nodeagent adds
+    assert f"NODEAGENT_LIBNVML={tmp_path / 'gone.so.1'} is not a file" in lines[0]
+    assert "Traceback" not in done.stderr
