@@ -1,22 +1,25 @@
 """NVIDIA's device plugin beside nodeagent's, on one simulated node: latency, XID 79, CPU/RSS, CDI.
 
-    python bench/peer_device_plugin.py [--preset dgx-h100] [--calls 300] [--idle-s 60]
+    python bench/peer_device_plugin.py [--preset dgx-h100] [--calls 1000] [--idle-s 60]
 
 Needs root (NVIDIA's plugin runs in ``nodeagent sim exec --driver``, a private mount namespace)
 and ``make nvidia-peers libnvml``. Each plugin runs in a process of its own and registers with
 its own test kubelet (nodeagent/testing/kubelet.py): NVIDIA's k8s-device-plugin, and
 ``nodeagent run`` (sampler, health and device plugin; metrics off, short recovery
-periods so that recovery fits in the run). Measured for each, one after the other on the same
-simulated node:
+periods so that recovery fits in the run). Both run at the same time on the same simulated
+node, and every measure is taken of both in the same window, so that what else the machine
+does falls on both alike:
 
 - ``Allocate`` of one or two random GPUs, and ``GetPreferredAllocation`` of two out of all GPUs,
-  through their unix sockets (p50 / p99);
+  through their unix sockets, the calls to the two plugins interleaved (the same request to
+  each, which goes first alternating) (p50 / p99);
 - XID 79 on one GPU, injected through the simulator's control API (the state-file write that
-  ``nodeagent sim inject`` makes): time until the test kubelet's ListAndWatch stream shows that
-  GPU Unhealthy, how many devices went Unhealthy, and, after ``clear``, time until it is Healthy
-  again (or "never" within ``--recover-s``);
+  ``nodeagent sim inject`` makes): time until each test kubelet's ListAndWatch stream shows
+  that GPU Unhealthy, how many devices went Unhealthy, and, after ``clear``, time until it is
+  Healthy again (or "never" within ``--recover-s``); a plugin that never recovers sits out the
+  later rounds;
 - CPU seconds per minute (utime + stime from /proc/PID/stat) and RSS (VmRSS, sampled each
-  second) of the plugin's own process, idle for ``--idle-s`` and under an XID storm (XIDs 13,
+  second) of each plugin's own process, idle for ``--idle-s`` and under an XID storm (XIDs 13,
   31, 43, 63 and 94 round-robin on four GPUs, 20 a second, for ``--storm-s``);
 - CDI: ``nvidia-ctk cdi generate`` for the whole node against nodeagent's CDI spec for the same
   devices (read through pynvml and built by ``nodeagent.cdi``), each as a fresh process.
@@ -198,30 +201,44 @@ def nodeagent(env: dict[str, str], directory: Path) -> Iterator[Running]:
         yield running
 
 
-def latency(run: Running, calls: int, rng: random.Random) -> dict[str, tuple[float, float]]:
-    devices = sorted(run.kubelet.wait_devices(RESOURCE, timeout_s=30))
-    stub = run.kubelet.stub(RESOURCE)
-    allocate: list[float] = []
-    preferred: list[float] = []
-    for _ in range(calls):
-        ids = rng.sample(devices, rng.choice((1, 2)))
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
-        )
-        start = time.perf_counter()
-        stub.Allocate(request, timeout=5)
-        allocate.append(time.perf_counter() - start)
-        want = api_pb2.PreferredAllocationRequest(
+def latency(runs: list[Running], calls: int, rng: random.Random) -> list[dict[str, list[float]]]:
+    """Seconds per call for each run, the same requests to each, interleaved call by call."""
+    devices = sorted(runs[0].kubelet.wait_devices(RESOURCE, timeout_s=30))
+    for run in runs[1:]:
+        if sorted(run.kubelet.wait_devices(RESOURCE, timeout_s=30)) != devices:
+            die(f"{run.name} advertises other devices than {runs[0].name}")
+    stubs = [run.kubelet.stub(RESOURCE) for run in runs]
+    times: list[dict[str, list[float]]] = [
+        {"Allocate": [], "GetPreferredAllocation": []} for _ in runs
+    ]
+    want = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(
+                available_deviceIDs=devices, allocation_size=2
+            )
+        ]
+    )
+    requests = [
+        api_pb2.AllocateRequest(
             container_requests=[
-                api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=devices, allocation_size=2
+                api_pb2.ContainerAllocateRequest(
+                    devices_ids=rng.sample(devices, rng.choice((1, 2)))
                 )
             ]
         )
-        start = time.perf_counter()
-        stub.GetPreferredAllocation(want, timeout=5)
-        preferred.append(time.perf_counter() - start)
-    return {"Allocate": quantiles_ms(allocate), "GetPreferredAllocation": quantiles_ms(preferred)}
+        for _ in range(calls)
+    ]
+    # One method at a time: NVIDIA's GetPreferredAllocation runs the simulator for tens of
+    # milliseconds, which would land on whichever call came next.
+    for method, each in (("Allocate", requests), ("GetPreferredAllocation", [want] * calls)):
+        for n, request in enumerate(each):
+            order = range(len(runs)) if n % 2 == 0 else reversed(range(len(runs)))
+            for i in order:
+                call = getattr(stubs[i], method)
+                start = time.perf_counter()
+                call(request, timeout=5)
+                times[i][method].append(time.perf_counter() - start)
+    return times
 
 
 @dataclass
@@ -231,24 +248,40 @@ class XidResult:
     recovered_s: float | None  # clear -> Healthy again; None: never within the wait
 
 
-def xid79(run: Running, control: SimControl, gpu: int, uuid: str, recover_s: float) -> XidResult:
-    """XID 79 (fallen off the bus) on ``gpu``; then clear it and wait for recovery."""
-    kubelet = run.kubelet
+def xid79(
+    runs: list[Running], control: SimControl, gpu: int, uuid: str, recover_s: float
+) -> list[XidResult]:
+    """XID 79 (fallen off the bus) on ``gpu``, seen by every run; then clear it and wait."""
 
-    def health() -> dict[str, str]:
-        return {k: v[0] for k, v in kubelet.plugins[RESOURCE].devices.items()}
+    def health(run: Running) -> dict[str, str]:
+        return {k: v[0] for k, v in run.kubelet.plugins[RESOURCE].devices.items()}
 
-    kubelet.wait_devices(RESOURCE, lambda d: all(v[0] == HEALTHY for v in d.values()), 30)
+    for run in runs:
+        run.kubelet.wait_devices(RESOURCE, lambda d: all(v[0] == HEALTHY for v in d.values()), 30)
     start = time.monotonic()
     control.inject("xid", gpu, code=79)
-    got = kubelet.wait(lambda: health().get(uuid) not in (None, HEALTHY), UNHEALTHY_WAIT_S)
-    unhealthy_s = time.monotonic() - start if got else None
+    unhealthy = _first_times(
+        runs, lambda run: health(run).get(uuid) not in (None, HEALTHY), start, UNHEALTHY_WAIT_S
+    )
     time.sleep(1)  # let a plugin that withdraws more than one device finish doing so
-    unhealthy_count = sum(v != HEALTHY for v in health().values())
+    counts = [sum(v != HEALTHY for v in health(run).values()) for run in runs]
     start = time.monotonic()
     control.clear(gpu)
-    back = kubelet.wait(lambda: health().get(uuid) == HEALTHY, recover_s)
-    return XidResult(unhealthy_s, unhealthy_count, time.monotonic() - start if back else None)
+    back = _first_times(runs, lambda run: health(run).get(uuid) == HEALTHY, start, recover_s)
+    return [XidResult(u, c, b) for u, c, b in zip(unhealthy, counts, back, strict=True)]
+
+
+def _first_times(
+    runs: list[Running], seen: Callable[[Running], bool], start: float, limit_s: float
+) -> list[float | None]:
+    """Seconds from ``start`` until ``seen(run)`` first held, per run; None: not in the limit."""
+    found: list[float | None] = [None] * len(runs)
+    while time.monotonic() - start < limit_s and None in found:
+        for i, run in enumerate(runs):
+            if found[i] is None and seen(run):
+                found[i] = time.monotonic() - start
+        time.sleep(0.002)
+    return found
 
 
 @dataclass
@@ -272,34 +305,46 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def usage(pid: int, seconds: float, load: Callable[[threading.Event], None] | None) -> Usage:
-    """CPU and RSS of ``pid`` over ``seconds``, sampled each second, ``load`` running meanwhile."""
+def usage(
+    pids: list[int], seconds: float, load: Callable[[threading.Event], None] | None
+) -> list[Usage]:
+    """CPU and RSS of each of ``pids`` over the same ``seconds``, sampled each second, ``load``
+    running meanwhile."""
     stop = threading.Event()
     worker = threading.Thread(target=load, args=(stop,), daemon=True) if load else None
     if worker:
         worker.start()
-    per_s: list[float] = []
-    rss: list[int] = []
-    first = last = _cpu_ticks(pid)
+    per_s: list[list[float]] = [[] for _ in pids]
+    rss: list[list[int]] = [[] for _ in pids]
+    first = [_cpu_ticks(pid) for pid in pids]
+    last = list(first)
     began = previous = time.monotonic()
     while time.monotonic() - began < seconds:
         time.sleep(1)
-        now, ticks = time.monotonic(), _cpu_ticks(pid)
-        per_s.append((ticks - last) / TICK / (now - previous))
-        rss.append(_rss_kib(pid))
-        last, previous = ticks, now
+        now = time.monotonic()
+        for i, pid in enumerate(pids):
+            ticks = _cpu_ticks(pid)
+            per_s[i].append((ticks - last[i]) / TICK / (now - previous))
+            rss[i].append(_rss_kib(pid))
+            last[i] = ticks
+        previous = now
     stop.set()
     if worker:
         worker.join()
     elapsed = time.monotonic() - began
-    ordered = sorted(per_s)
-    return Usage(
-        (last - first) / TICK / elapsed * 60,
-        ordered[len(ordered) // 2],
-        ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        statistics.median(rss) / 1024,
-        max(rss) / 1024,
-    )
+    found = []
+    for i in range(len(pids)):
+        ordered = sorted(per_s[i])
+        found.append(
+            Usage(
+                (last[i] - first[i]) / TICK / elapsed * 60,
+                ordered[len(ordered) // 2],
+                ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+                statistics.median(rss[i]) / 1024,
+                max(rss[i]) / 1024,
+            )
+        )
+    return found
 
 
 STORM_XIDS = (13, 31, 43, 63, 94)
@@ -394,17 +439,35 @@ class Measured:
 
 
 def measure(
-    run: Running, control: SimControl, uuids: list[str], args: argparse.Namespace
-) -> Measured:
-    times = latency(run, args.calls, random.Random(1))
-    idle = usage(run.pid, args.idle_s, None)
-    # Before the storm: NVIDIA's plugin never marks a device healthy again.
-    xid: list[XidResult] = []
-    while len(xid) < args.xid_rounds and (not xid or xid[-1].recovered_s is not None):
-        xid.append(xid79(run, control, args.xid_gpu, uuids[args.xid_gpu], args.recover_s))
+    runs: list[Running], control: SimControl, uuids: list[str], args: argparse.Namespace
+) -> list[Measured]:
+    """Every measure, of all ``runs`` in the same window."""
+    times = latency(runs, args.calls, random.Random(1))
+    pids = [run.pid for run in runs]
+    idle = usage(pids, args.idle_s, None)
+    # Before the storm: NVIDIA's plugin never marks a device healthy again. A plugin whose
+    # device did not come back sits out the later rounds.
+    xid: list[list[XidResult]] = [[] for _ in runs]
+    for _ in range(args.xid_rounds):
+        going = [i for i, rounds in enumerate(xid) if not rounds or rounds[-1].recovered_s]
+        if not going:
+            break
+        gpu = args.xid_gpu
+        found = xid79([runs[i] for i in going], control, gpu, uuids[gpu], args.recover_s)
+        for i, result in zip(going, found, strict=True):
+            xid[i].append(result)
     storm_gpus = [g for g in range(min(len(uuids), 5)) if g != args.xid_gpu][:4]
-    loaded = usage(run.pid, args.storm_s, storm(control, storm_gpus))
-    return Measured(times["Allocate"], times["GetPreferredAllocation"], idle, xid, loaded)
+    loaded = usage(pids, args.storm_s, storm(control, storm_gpus))
+    return [
+        Measured(
+            quantiles_ms(times[i]["Allocate"]),
+            quantiles_ms(times[i]["GetPreferredAllocation"]),
+            idle[i],
+            xid[i],
+            loaded[i],
+        )
+        for i in range(len(runs))
+    ]
 
 
 def _ratio(ours: float, theirs: float) -> str:
@@ -421,9 +484,11 @@ def _s(value: float | None, never: str) -> str:
 
 def report(a: Measured, b: Measured, cdi: tuple[float, float], args: argparse.Namespace) -> None:
     """The table: NVIDIA's plugin (a), nodeagent (b), and their ratio."""
-    print(f"preset {args.preset}, {args.calls} calls each, one simulated node; both plugins pay")
-    print("the same simulator (NVIDIA's through the C library in its own process), so compare")
-    print("ratios rather than absolute numbers\n")
+    print(
+        f"preset {args.preset}, {args.calls} calls each, interleaved; both plugins at once on one"
+    )
+    print("simulated node and both pay the same simulator (NVIDIA's through the C library in its")
+    print("own process), so compare ratios rather than absolute numbers\n")
     print("| measure | NVIDIA's plugin | nodeagent | nodeagent / NVIDIA |")
     print("|---|---|---|---|")
     for name, x, y in (
@@ -478,7 +543,7 @@ def report(a: Measured, b: Measured, cdi: tuple[float, float], args: argparse.Na
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--preset", default="dgx-h100")
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--cdi-runs", type=int, default=5)
     parser.add_argument("--idle-s", type=float, default=60)
     parser.add_argument("--storm-s", type=float, default=30)
@@ -494,12 +559,11 @@ def main() -> None:
         uuids = gpu_uuids(env)
         if not 0 <= args.xid_gpu < len(uuids):
             die(f"--xid-gpu {args.xid_gpu}: {args.preset} has GPUs 0-{len(uuids) - 1}")
-        with nvidia(bin_dir, env, work / "nvidia") as run:
-            theirs = measure(run, control, uuids, args)
-        for gpu in range(len(uuids)):
-            control.clear(gpu)
-        with nodeagent(env, work / "nodeagent") as run:
-            ours = measure(run, control, uuids, args)
+        with (
+            nvidia(bin_dir, env, work / "nvidia") as theirs_running,
+            nodeagent(env, work / "nodeagent") as ours_running,
+        ):
+            theirs, ours = measure([theirs_running, ours_running], control, uuids, args)
         cdi = cdi_times(bin_dir, env, work, args.cdi_runs)
     report(theirs, ours, cdi, args)
 
