@@ -41,6 +41,9 @@ from nodeagent_tiering.quota.policy import (
     cluster_queue_name,
     guarantees,
     local_queues,
+    reserve_namespaces,
+    reserved_cluster_queue,
+    reserved_local_queue,
     reserved_queue_name,
     team_of_namespace,
 )
@@ -309,59 +312,74 @@ def _limit_text(value: float | None) -> str:
     return "unlimited" if value is None else _n(value)
 
 
+def _wanted_queues(
+    policy: QuotaPolicy, api: kueue.KueueApi, flavors: Sequence[Flavor]
+) -> list[tuple[JSON, str | None, str]]:
+    """(ClusterQueue as rendered, its team or None for a reserve, tier) for every queue the
+    policy makes: the teams' and each tier's reserve."""
+    wanted: list[tuple[JSON, str | None, str]] = [
+        (cluster_queue(policy, team, tier, api, flavors), team.name, tier)
+        for team in policy.teams
+        for tier in team.tiers
+    ]
+    wanted += [
+        (reserved_cluster_queue(policy, f.tier, api, f), None, f.tier)
+        for f in flavors
+        if f.reserved
+    ]
+    return wanted
+
+
 def _queue_drift(
     policy: QuotaPolicy, flavors: Sequence[Flavor], cluster: Cluster, api: kueue.KueueApi
 ) -> list[Problem]:
-    """Where nodeagent's ClusterQueues on the cluster differ from the policy, both ways: a
-    quota changed by hand, one the policy has and the cluster lacks, and one the cluster has
-    that the policy does not (Kueue admits against the cluster's numbers)."""
+    """Where nodeagent's ClusterQueues on the cluster (the teams' and the reserves') differ
+    from the policy, both ways: a quota changed by hand, one the policy has and the cluster
+    lacks, and one the cluster has that the policy does not (Kueue admits against the
+    cluster's numbers)."""
     fix = "`nodeagent tiering quota render --apply` restores the policy's; or change the policy"
     have = {str(o["metadata"]["name"]): o for o in cluster.cluster_queues}
     problems: list[Problem] = []
-    for team in policy.teams:
-        for tier in team.tiers:
-            want = cluster_queue(policy, team, tier, api, flavors)
-            name = str(want["metadata"]["name"])
-            cq = have.get(name)
-            if cq is None or not kueue.managed(cq):
-                continue  # reported as a missing or foreign queue
-            wanted, held = _quota_entries(want), _quota_entries(cq)
-            for flavor, resource in sorted(set(wanted) | set(held)):
-                w, h = wanted.get((flavor, resource)), held.get((flavor, resource))
-                where = f"ClusterQueue {name}, flavor {flavor}"
-                if h is None:
-                    assert w is not None
-                    what = (
-                        f"{where}: the policy guarantees {_limit_text(w['nominalQuota'])}, the "
-                        "cluster's queue has no quota for it"
-                    )
-                elif w is None:
-                    what = (
-                        f"{where}: the cluster's queue guarantees "
-                        f"{_limit_text(h['nominalQuota'])}, the policy has no quota for it"
-                    )
-                else:
-                    diffs = [
-                        f"{verb} {_limit_text(h[field])} on the cluster, {_limit_text(w[field])} "
-                        "in the policy"
-                        for field, verb in _LIMITS
-                        if h[field] != w[field]
-                    ]
-                    if not diffs:
-                        continue
-                    what = f"{where}: " + "; ".join(diffs)
-                problems.append(
-                    Problem(
-                        "drift", f"{what} ({fix})", team=team.name, tier=tier, resource=resource
-                    )
-                )
-            cohort, wanted_cohort = kueue.cohort_of(cq), kueue.cohort_of(want)
-            if cohort != wanted_cohort:
+    for want, team, tier in _wanted_queues(policy, api, flavors):
+        name = str(want["metadata"]["name"])
+        cq = have.get(name)
+        if cq is None or not kueue.managed(cq):
+            continue  # reported as a missing or foreign queue
+        wanted, held = _quota_entries(want), _quota_entries(cq)
+        for flavor, resource in sorted(set(wanted) | set(held)):
+            w, h = wanted.get((flavor, resource)), held.get((flavor, resource))
+            where = f"ClusterQueue {name}, flavor {flavor}"
+            if h is None:
+                assert w is not None
                 what = (
-                    f"ClusterQueue {name} is in cohort {cohort or '(none)'} on the cluster, "
-                    f"{wanted_cohort} in the policy ({fix})"
+                    f"{where}: the policy guarantees {_limit_text(w['nominalQuota'])}, the "
+                    "cluster's queue has no quota for it"
                 )
-                problems.append(Problem("drift", what, team=team.name, tier=tier))
+            elif w is None:
+                what = (
+                    f"{where}: the cluster's queue guarantees "
+                    f"{_limit_text(h['nominalQuota'])}, the policy has no quota for it"
+                )
+            else:
+                diffs = [
+                    f"{verb} {_limit_text(h[field])} on the cluster, {_limit_text(w[field])} "
+                    "in the policy"
+                    for field, verb in _LIMITS
+                    if h[field] != w[field]
+                ]
+                if not diffs:
+                    continue
+                what = f"{where}: " + "; ".join(diffs)
+            problems.append(
+                Problem("drift", f"{what} ({fix})", team=team, tier=tier, resource=resource)
+            )
+        cohort, wanted_cohort = kueue.cohort_of(cq), kueue.cohort_of(want)
+        if cohort != wanted_cohort:
+            what = (
+                f"ClusterQueue {name} is in cohort {cohort or '(none)'} on the cluster, "
+                f"{wanted_cohort} in the policy ({fix})"
+            )
+            problems.append(Problem("drift", what, team=team, tier=tier))
     return problems
 
 
@@ -372,41 +390,54 @@ def _queue_problems(policy: QuotaPolicy, cluster: Cluster) -> list[Problem]:
         (str(o["metadata"].get("namespace")), str(o["metadata"]["name"])): o
         for o in cluster.local_queues
     }
-    for team in policy.teams:
-        for tier in team.tiers:
-            name = cluster_queue_name(team.name, tier)
-            cq = cqs.get(name)
-            if cq is None:
-                problems.append(
-                    Problem(
-                        "no-queue",
-                        f"ClusterQueue {name} does not exist (`nodeagent tiering quota render "
-                        "--apply` creates it)",
-                        team=team.name,
-                        tier=tier,
-                    )
-                )
-            elif not kueue.managed(cq):
-                problems.append(
-                    Problem(
-                        "no-queue",
-                        f"ClusterQueue {name} exists and is not managed by nodeagent",
-                        team=team.name,
-                        tier=tier,
-                    )
-                )
-    for key, ns, queue in local_queues(policy):
-        lq = lqs.get((ns, queue))
-        want = cluster_queue_name(key.team, key.tier)
-        if lq is None:
-            message = (
-                f"LocalQueue {ns}/{queue} does not exist: jobs in {ns} cannot reach tier {key.tier}"
+    names: list[tuple[str, str | None, str]] = [
+        (cluster_queue_name(team.name, tier), team.name, tier)
+        for team in policy.teams
+        for tier in team.tiers
+    ]
+    names += [
+        (reserved_queue_name(tier), None, tier)
+        for tier, settings in policy.tiers.items()
+        if settings.reserve is not None
+    ]
+    for name, team, tier in names:
+        cq = cqs.get(name)
+        if cq is None:
+            what = (
+                f"ClusterQueue {name} does not exist (`nodeagent tiering quota render --apply` "
+                "creates it)"
             )
-            problems.append(Problem("no-queue", message, team=key.team, tier=key.tier))
+            problems.append(Problem("no-queue", what, team=team, tier=tier))
+        elif not kueue.managed(cq):
+            what = f"ClusterQueue {name} exists and is not managed by nodeagent"
+            problems.append(Problem("no-queue", what, team=team, tier=tier))
+    # (namespace, LocalQueue, the ClusterQueue it must feed, team, tier, what it reaches)
+    wanted_lqs: list[tuple[str, str, str, str | None, str, str]] = [
+        (ns, queue, cluster_queue_name(key.team, key.tier), key.team, key.tier, f"tier {key.tier}")
+        for key, ns, queue in local_queues(policy)
+    ]
+    wanted_lqs += [
+        (
+            ns,
+            reserved_local_queue(policy, tier),
+            reserved_queue_name(tier),
+            None,
+            tier,
+            f"the reserve of tier {tier}",
+        )
+        for tier, settings in policy.tiers.items()
+        if settings.reserve is not None
+        for ns in reserve_namespaces(policy, tier)
+    ]
+    for ns, queue, want, team, tier, reaches in wanted_lqs:
+        lq = lqs.get((ns, queue))
+        if lq is None:
+            message = f"LocalQueue {ns}/{queue} does not exist: jobs in {ns} cannot reach {reaches}"
+            problems.append(Problem("no-queue", message, team=team, tier=tier))
         elif (lq.get("spec") or {}).get("clusterQueue") != want:
             other = (lq.get("spec") or {}).get("clusterQueue")
             message = f"LocalQueue {ns}/{queue} sends work to ClusterQueue {other}, not {want}"
-            problems.append(Problem("no-queue", message, team=key.team, tier=key.tier))
+            problems.append(Problem("no-queue", message, team=team, tier=tier))
     # Work a team submits to a queue nobody made waits forever: Kueue never admits it.
     owner = team_of_namespace(policy)
     waiting: dict[tuple[str, str], int] = {}

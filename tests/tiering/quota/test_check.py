@@ -12,9 +12,11 @@ from typer.testing import CliRunner
 
 from nodeagent import labels as lbl
 from nodeagent.cli.tiering import app
-from nodeagent_tiering.cluster.nodes import DrainRecord, Phase
+from nodeagent_tiering.cluster import kueue
+from nodeagent_tiering.cluster.nodes import DrainRecord, Node, Phase
 from nodeagent_tiering.quota.apply import apply_objects
 from nodeagent_tiering.quota.policy import render
+from nodeagent_tiering.quota.reserve import ReservedNodes, ReserveSpec
 from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
 
 
@@ -228,3 +230,37 @@ def test_quota_changed_on_the_cluster_is_drift_and_what_kueue_admits_against(env
                                    "nominalQuota"], 8)  # fmt: skip
     code, lines = check(env, data, tmp_path)
     assert (code, lines) == (0, ["quota policy backed by the cluster: no problems"])
+
+
+def test_the_reserves_queues_are_checked_like_the_teams(env, tmp_path):
+    # The reserve's ClusterQueue is nodeagent's too: a quota changed by hand is drift, and a
+    # missing LocalQueue leaves the reserve's team no way in.
+    data, tier = policy(env, {"a": 8})
+    research = env.name("a")
+    data["tiers"] = {tier: {"reserve": {"nodes": 1, "gpus": 8, "teams": [research]}}}
+    env.node("n1", tier)
+    env.node("n2", tier)
+    apply(env, data)
+    # The service keeps one node for the reserve (what backs the reserve's queue).
+    marker = ReservedNodes(env.kube, [ReserveSpec(tier, 1, 8)])
+    marker.sync([Node.from_object(n) for n in env.kube.list_nodes()["items"]])
+    code, lines = check(env, data, tmp_path)
+    assert (code, lines) == (0, ["quota policy backed by the cluster: no problems"])
+
+    cq = f"{tier}-reserved"
+    env.edit("clusterqueues", cq, ["spec", "resourceGroups", 0, "flavors", 0, "resources", 0,
+                                   "nominalQuota"], 16)  # fmt: skip
+    env.custom.delete_namespaced_custom_object(
+        kueue.GROUP, env.api.version, research, "localqueues", f"{tier}-large"
+    )
+    code, lines = check(env, data, tmp_path)
+    assert code == 1
+    assert (
+        f"tier {tier}, nvidia.com/gpu: ClusterQueue {cq}, flavor {tier}-reserved: guarantees 16 "
+        "on the cluster, 8 in the policy (`nodeagent tiering quota render --apply` restores the "
+        "policy's; or change the policy)"
+    ) in lines, lines
+    assert (
+        f"tier {tier}: LocalQueue {research}/{tier}-large does not exist: jobs in {research} "
+        f"cannot reach the reserve of tier {tier}"
+    ) in lines, lines
