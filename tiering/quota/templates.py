@@ -17,7 +17,10 @@ the tier's LocalQueues (the ``kueue.x-k8s.io/queue-name`` label, in the team's n
 The message names the shape asked, what the tier allows, and the nearest allowed shape: the
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
-containers' limits (an extended resource always has a limit; a request must equal it).
+containers' limits (an extended resource always has a limit; a request must equal it), as the
+scheduler and Kueue count a pod: the larger of what its containers and sidecars hold together
+and what its largest init container holds. MIG profiles are checked in every container, init
+containers included.
 """
 
 from __future__ import annotations
@@ -114,23 +117,48 @@ def _policy(rule: _Rule) -> JSON:
         f" ? object.metadata.labels[{_cel(lbl.KUEUE_QUEUE_NAME)}] : ''"
     )
     limits = "has(c.resources) && has(c.resources.limits)"
+    inits = "has({0}.initContainers) ? {0}.initContainers : []"
+    sidecar = "has(c.restartPolicy) && c.restartPolicy == 'Always'"
     variables: list[JSON] = [
         {
             "name": "containers",
             "expression": "object.kind == 'Job' ? object.spec.template.spec.containers"
             " : object.spec.containers",
         },
+        {
+            "name": "inits",
+            "expression": f"object.kind == 'Job' ? ({inits.format('object.spec.template.spec')})"
+            f" : ({inits.format('object.spec')})",
+        },
     ]
     validations: list[JSON] = []
     if t.gpus:
         allowed = sorted(t.gpus)
-        variables.append(
-            {
-                "name": "gpus",
-                "expression": f"variables.containers.map(c, {limits} && {_cel(GPU)} in "
-                f"c.resources.limits ? int(string(c.resources.limits[{_cel(GPU)}])) : 0).sum()",
-            }
+        count = (
+            f"c, {limits} && {_cel(GPU)} in c.resources.limits "
+            f"? int(string(c.resources.limits[{_cel(GPU)}])) : 0"
         )
+        variables += [
+            {
+                # What the pod holds while it runs: its containers and its sidecars (init
+                # containers that keep running) together.
+                "name": "runningGpus",
+                "expression": f"variables.containers.map({count}).sum() + "
+                f"variables.inits.filter(c, {sidecar}).map({count}).sum()",
+            },
+            {
+                # Init containers that run to completion, one at a time, before them.
+                "name": "initGpus",
+                "expression": f"variables.inits.filter(c, !({sidecar})).map({count})",
+            },
+            {
+                # The pod's request as the scheduler and Kueue count it: the larger of the two.
+                "name": "gpus",
+                "expression": "variables.initGpus.size() > 0 && "
+                "variables.initGpus.max() > variables.runningGpus ? variables.initGpus.max() "
+                ": variables.runningGpus",
+            },
+        ]
         larger = f"{_cel(allowed)}.filter(n, n >= variables.gpus)"
         validations.append(
             {
@@ -148,7 +176,8 @@ def _policy(rule: _Rule) -> JSON:
         variables += [
             {
                 "name": "migAsked",
-                "expression": f"variables.containers.map(c, {limits} ? c.resources.limits.filter("
+                "expression": "(variables.containers + variables.inits).map(c, "
+                f"{limits} ? c.resources.limits.filter("
                 f"r, r.startsWith({_cel(MIG_PREFIX)}) && !(r in {_cel(resources)})) : [])"
                 ".filter(l, l.size() > 0)",
             },

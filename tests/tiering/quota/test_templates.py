@@ -19,8 +19,16 @@ from nodeagent_tiering.quota.policy import QuotaPolicyError
 from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
 
 
-def job(name: str, queue: str | None, resources: dict[str, str]) -> dict[str, Any]:
+def job(
+    name: str,
+    queue: str | None,
+    resources: dict[str, str],
+    inits: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A suspended Job (Kueue's usual path); ``inits``: its init containers."""
     spec = pod_manifest("main", resources=resources)["spec"]
+    if inits:
+        spec["initContainers"] = inits
     labels = {lbl.KUEUE_QUEUE_NAME: queue} if queue else {}
     return {
         "apiVersion": "batch/v1",
@@ -91,6 +99,16 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
     assert "job.batch/four created" in submit(a, job("four", train, {"nvidia.com/gpu": "4"}))
     too_big = submit(a, job("sixteen", train, {"nvidia.com/gpu": "16"}))
     assert "the nearest allowed is 8" in too_big, too_big
+    # An init container is part of the pod's shape as the scheduler counts it: the larger of
+    # the init container and what runs after it.
+    (main,) = pod_manifest("setup", resources={"nvidia.com/gpu": "3"})["spec"]["containers"]
+    setup = [{**main, "name": "setup"}]
+    init_three = submit(a, job("init-three", train, {}, inits=setup))
+    assert "3 per pod is not a shape" in init_three, init_three
+    assert "created" in submit(a, job("init-under", train, {"nvidia.com/gpu": "4"}, inits=setup))
+    sidecar = [{**setup[0], "restartPolicy": "Always"}]  # runs beside the main container: 3 + 4
+    beside = submit(a, job("sidecar", train, {"nvidia.com/gpu": "4"}, inits=sidecar))
+    assert "7 per pod is not a shape" in beside, beside
     # Not submitted to the tier (no queue label): not the tier's rule to check.
     assert "job.batch/free created" in submit(a, job("free", None, {"nvidia.com/gpu": "3"}))
     # A plain pod (Kueue's pod integration) is checked as well.
