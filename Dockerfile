@@ -39,7 +39,9 @@ COPY systemd/ systemd/
 RUN python -m venv /opt/nodeagent \
     && /opt/nodeagent/bin/pip install --no-cache-dir .
 COPY --from=nvml-header /nvml.h /tmp/nvml.h
-# Built here, where the compiler and the header are, against the Python the image runs.
+# Built here, where the compiler and the header are, against the Python the image runs, from
+# the installed package (outside /src, whose source tree would otherwise be imported).
+WORKDIR /opt/nodeagent
 RUN NODEAGENT_NVML_HEADER=/tmp/nvml.h NODEAGENT_LIBNVML_CACHE=/opt/nodeagent/libnvml \
         /opt/nodeagent/bin/python -m nodeagent.sim.libnvml > /tmp/libnvml-dir \
     && ln -s "$(cat /tmp/libnvml-dir)/libnvidia-ml.so.1" /opt/nodeagent/libnvml/libnvidia-ml.so.1

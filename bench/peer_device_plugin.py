@@ -449,7 +449,9 @@ def measure(
     # device did not come back sits out the later rounds.
     xid: list[list[XidResult]] = [[] for _ in runs]
     for _ in range(args.xid_rounds):
-        going = [i for i, rounds in enumerate(xid) if not rounds or rounds[-1].recovered_s]
+        going = [
+            i for i, rounds in enumerate(xid) if not rounds or rounds[-1].recovered_s is not None
+        ]
         if not going:
             break
         gpu = args.xid_gpu

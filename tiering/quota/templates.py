@@ -18,9 +18,9 @@ The message names the shape asked, what the tier allows, and the nearest allowed
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
 containers' limits (an extended resource always has a limit; a request must equal it), as the
-scheduler and Kueue count a pod: the larger of what its containers and sidecars hold together
-and what its largest init container holds. MIG profiles are checked in every container, init
-containers included.
+scheduler and Kueue count a pod: the largest of what its containers and sidecars hold together
+and what each init container holds with the sidecars started before it. MIG profiles are
+checked in every container, init containers included.
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ def _policy(rule: _Rule) -> JSON:
     )
     limits = "has(c.resources) && has(c.resources.limits)"
     inits = "has({0}.initContainers) ? {0}.initContainers : []"
-    sidecar = "has(c.restartPolicy) && c.restartPolicy == 'Always'"
     variables: list[JSON] = [
         {
             "name": "containers",
@@ -134,25 +133,36 @@ def _policy(rule: _Rule) -> JSON:
     validations: list[JSON] = []
     if t.gpus:
         allowed = sorted(t.gpus)
-        count = (
-            f"c, {limits} && {_cel(GPU)} in c.resources.limits "
-            f"? int(string(c.resources.limits[{_cel(GPU)}])) : 0"
-        )
+
+        def count(c: str) -> str:
+            """The whole GPUs container ``c`` asks for (its limit)."""
+            return (
+                f"(has({c}.resources) && has({c}.resources.limits) && {_cel(GPU)} in "
+                f"{c}.resources.limits ? int(string({c}.resources.limits[{_cel(GPU)}])) : 0)"
+            )
+
+        def is_sidecar(c: str) -> str:
+            return f"(has({c}.restartPolicy) && {c}.restartPolicy == 'Always')"
+
         variables += [
             {
                 # What the pod holds while it runs: its containers and its sidecars (init
                 # containers that keep running) together.
                 "name": "runningGpus",
-                "expression": f"variables.containers.map({count}).sum() + "
-                f"variables.inits.filter(c, {sidecar}).map({count}).sum()",
+                "expression": f"variables.containers.map(c, {count('c')}).sum() + "
+                f"variables.inits.filter(c, {is_sidecar('c')}).map(c, {count('c')}).sum()",
             },
             {
-                # Init containers that run to completion, one at a time, before them.
+                # Each init container that runs to completion, with the sidecars started
+                # before it (they keep running while it does).
                 "name": "initGpus",
-                "expression": f"variables.inits.filter(c, !({sidecar})).map({count})",
+                "expression": f"variables.inits.filter(c, !{is_sidecar('c')}).map(c, "
+                f"{count('c')} + variables.inits.filter(s, {is_sidecar('s')} && "
+                "variables.inits.indexOf(s) < variables.inits.indexOf(c))"
+                f".map(s, {count('s')}).sum())",
             },
             {
-                # The pod's request as the scheduler and Kueue count it: the larger of the two.
+                # The pod's request as the scheduler and Kueue count it: the largest of them.
                 "name": "gpus",
                 "expression": "variables.initGpus.size() > 0 && "
                 "variables.initGpus.max() > variables.runningGpus ? variables.initGpus.max() "

@@ -109,6 +109,14 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
     sidecar = [{**setup[0], "restartPolicy": "Always"}]  # runs beside the main container: 3 + 4
     beside = submit(a, job("sidecar", train, {"nvidia.com/gpu": "4"}, inits=sidecar))
     assert "7 per pod is not a shape" in beside, beside
+    # An init container runs beside the sidecars started before it: 1 + 2, while 1 + 1 after.
+    one = {**main, "name": "log", "restartPolicy": "Always",
+           "resources": {"limits": {"nvidia.com/gpu": "1"}}}  # fmt: skip
+    two = {**main, "name": "warm", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    ordered = submit(a, job("ordered", train, {"nvidia.com/gpu": "1"}, inits=[one, two]))
+    assert "3 per pod is not a shape" in ordered, ordered
+    after = submit(a, job("after", train, {"nvidia.com/gpu": "1"}, inits=[two, one]))
+    assert "created" in after, after  # the init's 2 alone, then 1 + 1 running
     # Not submitted to the tier (no queue label): not the tier's rule to check.
     assert "job.batch/free created" in submit(a, job("free", None, {"nvidia.com/gpu": "3"}))
     # A plain pod (Kueue's pod integration) is checked as well.
