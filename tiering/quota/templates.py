@@ -211,13 +211,10 @@ def _policy(rule: _Rule) -> JSON:
                 "reason": "Forbidden",
             }
         )
-    labels = {lbl.MANAGED_BY: lbl.MANAGED_BY_VALUE, lbl.TIER: rule.tier}
-    if rule.team:
-        labels[lbl.TEAM] = rule.team
     return {
         "apiVersion": kueue.VALIDATING_POLICY.api_version,
         "kind": kueue.VALIDATING_POLICY.kind,
-        "metadata": {"name": rule.name, "labels": labels},
+        "metadata": {"name": rule.name, "labels": _labels(rule)},
         "spec": {
             # A request the expressions cannot read is refused by a hard rule, let through by
             # a soft one: a soft rule never blocks work.
@@ -240,15 +237,20 @@ def _policy(rule: _Rule) -> JSON:
     }
 
 
-def _binding(rule: _Rule) -> JSON:
-    namespaces = sorted({ns for ns, _ in rule.queues})
+def _labels(rule: _Rule) -> dict[str, str]:
+    """nodeagent's labels on a rule's policy and binding: managed, tier, and team if any."""
     labels = {lbl.MANAGED_BY: lbl.MANAGED_BY_VALUE, lbl.TIER: rule.tier}
     if rule.team:
         labels[lbl.TEAM] = rule.team
+    return labels
+
+
+def _binding(rule: _Rule) -> JSON:
+    namespaces = sorted({ns for ns, _ in rule.queues})
     return {
         "apiVersion": kueue.VALIDATING_BINDING.api_version,
         "kind": kueue.VALIDATING_BINDING.kind,
-        "metadata": {"name": rule.name, "labels": labels},
+        "metadata": {"name": rule.name, "labels": _labels(rule)},
         "spec": {
             "policyName": rule.name,
             "validationActions": ["Deny"] if rule.templates.type == "hard" else ["Warn", "Audit"],
