@@ -24,6 +24,11 @@ does falls on both alike:
 - CDI: ``nvidia-ctk cdi generate`` for the whole node against nodeagent's CDI spec for the same
   devices (read through pynvml and built by ``nodeagent.cdi``), each as a fresh process.
 
+- the floor: a bare server of nodeagent's own gRPC stack (grpcio's sync server with the device
+  plugin's thread pool) that answers every ``Allocate`` with nodeagent's serialized answer to a
+  2-GPU request, parsing and checking nothing; interleaved with the two plugins' ``Allocate``
+  calls. What any device plugin served by grpcio pays per call, whatever its own work.
+
 Both read the same simulator (NVIDIA's through the C library, which runs the Python simulator
 inside the plugin's process; nodeagent's in Python), so what the simulator costs is paid on
 both sides, and ratios are fairer than absolute numbers (a real driver answers faster).
@@ -48,7 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2
+import grpc
+
+from nodeagent.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from nodeagent.sim.control import SimControl
 from nodeagent.testing.kubelet import TestKubelet
 
@@ -201,8 +208,61 @@ def nodeagent(env: dict[str, str], directory: Path) -> Iterator[Running]:
         yield running
 
 
-def latency(runs: list[Running], calls: int, rng: random.Random) -> list[dict[str, list[float]]]:
-    """Seconds per call for each run, the same requests to each, interleaved call by call."""
+# The floor's server: grpcio's sync server as device_plugin/server.py builds it, one generic
+# handler that returns fixed bytes (no deserializer, so the request is not even parsed).
+_FLOOR = """
+import sys
+from concurrent import futures
+from pathlib import Path
+import grpc
+from nodeagent_device_plugin.server import MAX_WORKERS
+answer = Path(sys.argv[2]).read_bytes()
+allocate = grpc.unary_unary_rpc_method_handler(lambda request, context: answer)
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS))
+server.add_generic_rpc_handlers(
+    (grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", {"Allocate": allocate}),)
+)
+server.add_insecure_port("unix://" + sys.argv[1])
+server.start()
+server.wait_for_termination()
+"""
+
+
+@contextmanager
+def floor_server(directory: Path, answer: bytes) -> Iterator[api_pb2_grpc.DevicePluginStub]:
+    """The bare grpcio server answering ``answer`` to every Allocate, and a stub for it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    socket, answer_file = directory / "floor.sock", directory / "answer.bin"
+    answer_file.write_bytes(answer)
+    server = subprocess.Popen([sys.executable, "-c", _FLOOR, str(socket), str(answer_file)])
+    channel = grpc.insecure_channel(f"unix://{socket}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        yield api_pb2_grpc.DevicePluginStub(channel)
+    finally:
+        channel.close()
+        server.terminate()
+        server.wait(15)
+
+
+def floor_answer(run: Running) -> bytes:
+    """The plugin's serialized answer to Allocate of two GPUs: the size the floor sends."""
+    devices = sorted(run.kubelet.wait_devices(RESOURCE, timeout_s=30))
+    return run.kubelet.allocate(RESOURCE, devices[:2]).SerializeToString()
+
+
+@dataclass
+class Latency:
+    """Seconds per call: each run's, by method, and the floor's Allocate."""
+
+    runs: list[dict[str, list[float]]]
+    floor: list[float]
+
+
+def latency(
+    runs: list[Running], floor: api_pb2_grpc.DevicePluginStub, calls: int, rng: random.Random
+) -> Latency:
+    """The same requests to each run (and Allocate to the floor), interleaved call by call."""
     devices = sorted(runs[0].kubelet.wait_devices(RESOURCE, timeout_s=30))
     for run in runs[1:]:
         if sorted(run.kubelet.wait_devices(RESOURCE, timeout_s=30)) != devices:
@@ -211,6 +271,7 @@ def latency(runs: list[Running], calls: int, rng: random.Random) -> list[dict[st
     times: list[dict[str, list[float]]] = [
         {"Allocate": [], "GetPreferredAllocation": []} for _ in runs
     ]
+    floor_times: list[float] = []
     want = api_pb2.PreferredAllocationRequest(
         container_requests=[
             api_pb2.ContainerPreferredAllocationRequest(
@@ -231,20 +292,24 @@ def latency(runs: list[Running], calls: int, rng: random.Random) -> list[dict[st
     # One method at a time: NVIDIA's GetPreferredAllocation runs the simulator for tens of
     # milliseconds, which would land on whichever call came next.
     for method, each in (("Allocate", requests), ("GetPreferredAllocation", [want] * calls)):
+        called = [getattr(stub, method) for stub in stubs]
+        kept = [run_times[method] for run_times in times]
+        if method == "Allocate":
+            called.append(floor.Allocate)
+            kept.append(floor_times)
         for n, request in enumerate(each):
-            order = range(len(runs)) if n % 2 == 0 else reversed(range(len(runs)))
+            order = range(len(called)) if n % 2 == 0 else reversed(range(len(called)))
             for i in order:
-                call = getattr(stubs[i], method)
                 start = time.perf_counter()
-                call(request, timeout=5)
-                times[i][method].append(time.perf_counter() - start)
-    return times
+                called[i](request, timeout=5)
+                kept[i].append(time.perf_counter() - start)
+    return Latency(times, floor_times)
 
 
 @dataclass
 class XidResult:
     unhealthy_s: float | None  # injection -> that GPU Unhealthy on ListAndWatch
-    unhealthy_count: int  # devices Unhealthy at that moment, the GPU included
+    unhealthy_count: int  # devices Unhealthy 1 s after this plugin noticed, the GPU included
     recovered_s: float | None  # clear -> Healthy again; None: never within the wait
 
 
@@ -263,8 +328,12 @@ def xid79(
     unhealthy = _first_times(
         runs, lambda run: health(run).get(uuid) not in (None, HEALTHY), start, UNHEALTHY_WAIT_S
     )
-    time.sleep(1)  # let a plugin that withdraws more than one device finish doing so
-    counts = [sum(v != HEALTHY for v in health(run).values()) for run in runs]
+    # Each plugin's count is taken 1 s after its own notice, so that a plugin that withdraws
+    # more than one device has finished doing so (one that never noticed is counted now).
+    counts = [0] * len(runs)
+    for i in sorted(range(len(runs)), key=lambda i: unhealthy[i] or 0.0):
+        time.sleep(max(0.0, start + (unhealthy[i] or 0.0) + 1.0 - time.monotonic()))
+        counts[i] = sum(v != HEALTHY for v in health(runs[i]).values())
     start = time.monotonic()
     control.clear(gpu)
     back = _first_times(runs, lambda run: health(run).get(uuid) == HEALTHY, start, recover_s)
@@ -439,10 +508,15 @@ class Measured:
 
 
 def measure(
-    runs: list[Running], control: SimControl, uuids: list[str], args: argparse.Namespace
-) -> list[Measured]:
-    """Every measure, of all ``runs`` in the same window."""
-    times = latency(runs, args.calls, random.Random(1))
+    runs: list[Running],
+    floor: api_pb2_grpc.DevicePluginStub,
+    control: SimControl,
+    uuids: list[str],
+    args: argparse.Namespace,
+) -> tuple[list[Measured], tuple[float, float]]:
+    """Every measure, of all ``runs`` in the same window, and the floor's Allocate p50 / p99."""
+    calls = latency(runs, floor, args.calls, random.Random(1))
+    times = calls.runs
     pids = [run.pid for run in runs]
     idle = usage(pids, args.idle_s, None)
     # Before the storm: NVIDIA's plugin never marks a device healthy again. A plugin whose
@@ -460,7 +534,7 @@ def measure(
             xid[i].append(result)
     storm_gpus = [g for g in range(min(len(uuids), 5)) if g != args.xid_gpu][:4]
     loaded = usage(pids, args.storm_s, storm(control, storm_gpus))
-    return [
+    measured = [
         Measured(
             quantiles_ms(times[i]["Allocate"]),
             quantiles_ms(times[i]["GetPreferredAllocation"]),
@@ -470,6 +544,7 @@ def measure(
         )
         for i in range(len(runs))
     ]
+    return measured, quantiles_ms(calls.floor)
 
 
 def _ratio(ours: float, theirs: float) -> str:
@@ -484,8 +559,14 @@ def _s(value: float | None, never: str) -> str:
     return never if value is None else f"{value:.2f} s"
 
 
-def report(a: Measured, b: Measured, cdi: tuple[float, float], args: argparse.Namespace) -> None:
-    """The table: NVIDIA's plugin (a), nodeagent (b), and their ratio."""
+def report(
+    a: Measured,
+    b: Measured,
+    floor: tuple[float, float],
+    cdi: tuple[float, float],
+    args: argparse.Namespace,
+) -> None:
+    """The table: NVIDIA's plugin (a), nodeagent (b), and their ratio; the grpcio floor."""
     print(
         f"preset {args.preset}, {args.calls} calls each, interleaved; both plugins at once on one"
     )
@@ -498,6 +579,12 @@ def report(a: Measured, b: Measured, cdi: tuple[float, float], args: argparse.Na
         ("GetPreferredAllocation", a.preferred, b.preferred),
     ):
         print(f"| {name} p50 / p99 | {_ms(x)} | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |")
+        if name == "Allocate":
+            x, y = a.allocate, floor
+            print(
+                f"| Allocate p50 / p99, a bare grpcio server answering fixed bytes (the floor "
+                f"under nodeagent's) | | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |"
+            )
 
     def xids(rounds: list[XidResult], what: str, limit_s: float) -> str:
         values = [getattr(r, what) for r in rounds]
@@ -564,10 +651,13 @@ def main() -> None:
         with (
             nvidia(bin_dir, env, work / "nvidia") as theirs_running,
             nodeagent(env, work / "nodeagent") as ours_running,
+            floor_server(work / "floor", floor_answer(ours_running)) as floor,
         ):
-            theirs, ours = measure([theirs_running, ours_running], control, uuids, args)
+            (theirs, ours), floor_ms = measure(
+                [theirs_running, ours_running], floor, control, uuids, args
+            )
         cdi = cdi_times(bin_dir, env, work, args.cdi_runs)
-    report(theirs, ours, cdi, args)
+    report(theirs, ours, floor_ms, cdi, args)
 
 
 if __name__ == "__main__":

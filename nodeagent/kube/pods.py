@@ -64,6 +64,11 @@ class PodIndexPoller:
     polls: int = field(default=0, init=False)
     _failing: bool = field(default=False, init=False)
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last list failed (``latest`` is then older than one interval)."""
+        return self._failing
+
     def poll(self) -> PodIndex | None:
         """List once; keeps (and returns) the last index when the API server fails."""
         self.polls += 1

@@ -24,7 +24,7 @@ def test_lists_only_this_nodes_pods_with_their_container_ids(
         mine = core.create_namespaced_pod(kube_ns, pod_manifest("mine", node_name=here))
         core.create_namespaced_pod(kube_ns, pod_manifest("theirs", node_name=there))
         # What a kubelet reports once the container runs: its runtime ID.
-        core.patch_namespaced_pod_status(
+        patched = core.patch_namespaced_pod_status(
             "mine",
             kube_ns,
             {
@@ -44,10 +44,19 @@ def test_lists_only_this_nodes_pods_with_their_container_ids(
                 }
             },
         )
+        assert [cs.container_id for cs in patched.status.container_statuses or []] == [
+            f"containerd://{CID}"
+        ]
         poller = PodIndexPoller(core, here, 1.0)
         # The agent lists again every interval; a list answered from the API server's watch
-        # cache may trail the status patch by a moment (seen once in a full run).
-        assert wait_until(lambda: CID in getattr(poller.poll(), "containers", {}), timeout_s=10)
+        # cache may trail the status patch (twice in full runs the CID was missing, once for
+        # 10 s), so the wait is long and a miss says what the list and the pod held.
+        found = wait_until(lambda: CID in getattr(poller.poll(), "containers", {}), timeout_s=30)
+        assert found, (
+            f"{poller.polls} lists of node {here}, the last one failed: {poller.failing}; "
+            f"last index: {poller.latest}; the pod's container statuses now: "
+            f"{core.read_namespaced_pod_status('mine', kube_ns).status.container_statuses}"
+        )
         index = poller.latest
         assert index is not None
         mine_pods = {uid: ref for uid, ref in index.pods.items() if ref[0] == kube_ns}
