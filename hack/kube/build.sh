@@ -5,7 +5,8 @@
 #
 # The programs go into a cache directory keyed by the pinned versions and a hash of the pins,
 # outside the checkout so that a fresh clone on a warm machine rebuilds nothing; Kueue's CRDs and
-# webhook manifests are copied beside them from the module cache. The directory is the last line
+# webhook manifests, and the JobSet CRD of the JobSet version Kueue's module requires (the
+# request-template tests submit JobSets), are copied beside them from the module cache. The directory is the last line
 # printed. `build.sh --dir` prints it without building.
 #
 #   KUBE_BINS_CACHE   where keyed directories live (default: $XDG_CACHE_HOME/nodeagent/kube)
@@ -65,7 +66,10 @@ echo "building Kueue $kueue..." >&2
 kueue_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
 cp "$kueue_src"/config/components/crd/bases/*.yaml "$dir/kueue/"
 cp "$kueue_src/config/components/webhook/manifests.yaml" "$dir/kueue/webhooks.yaml"
-chmod -R u+w "$dir/kueue"
+jobset_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
+mkdir -p "$dir/jobset"
+cp "$jobset_src"/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml "$dir/jobset/"
+chmod -R u+w "$dir/kueue" "$dir/jobset"
 
 for program in "${programs[@]}"; do
   [ -x "$dir/bin/$program" ] || { echo "build did not produce $program" >&2; exit 1; }

@@ -8,12 +8,14 @@ for, and :func:`admission_objects` turns each distinct rule into a
 ``ValidatingAdmissionPolicy`` and its binding (``admissionregistration.k8s.io/v1``, CEL run
 by kube-apiserver: no webhook to deploy, nothing to go down). It checks what is submitted to
 the tier's LocalQueues (the ``kueue.x-k8s.io/queue-name`` label, in the team's namespaces):
-``batch/v1`` Jobs, by their pod template, and plain pods (Kueue's pod integration), on create.
+``batch/v1`` Jobs, by their pod template, ``jobset.x-k8s.io/v1alpha2`` JobSets, by each
+replicated job's pod template, and plain pods (Kueue's pod integration), on create.
 
 - ``type: hard``: a request of another shape is refused (``validationActions: [Deny]``);
 - ``type: soft``: it is admitted with a warning the client prints (``kubectl`` shows it) and an
   audit annotation (``[Warn, Audit]``), so teams see the rule before it is made hard.
 
+Every pod template of a JobSet is checked, and the message names the first that breaks the rule.
 The message names the shape asked, what the tier allows, and the nearest allowed shape: the
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
@@ -99,10 +101,21 @@ def _compute_slices(profile: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def _created(group: str, resource: str) -> JSON:
+# What the rules check: (API group, version, resource).
+CHECKED = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("jobset.x-k8s.io", "v1alpha2", "jobsets"))
+
+# The pod specs of what is submitted: a Job's template, each replicated job's template in a
+# JobSet, or the pod itself.
+PODS = (
+    "object.kind == 'Job' ? [object.spec.template.spec] : object.kind == 'JobSet' ? "
+    "object.spec.replicatedJobs.map(r, r.template.spec.template.spec) : [object.spec]"
+)
+
+
+def _created(group: str, version: str, resource: str) -> JSON:
     return {
         "apiGroups": [group],
-        "apiVersions": ["v1"],
+        "apiVersions": [version],
         "operations": ["CREATE"],
         "resources": [resource],
     }
@@ -117,19 +130,8 @@ def _policy(rule: _Rule) -> JSON:
         f" ? object.metadata.labels[{_cel(lbl.KUEUE_QUEUE_NAME)}] : ''"
     )
     limits = "has(c.resources) && has(c.resources.limits)"
-    inits = "has({0}.initContainers) ? {0}.initContainers : []"
-    variables: list[JSON] = [
-        {
-            "name": "containers",
-            "expression": "object.kind == 'Job' ? object.spec.template.spec.containers"
-            " : object.spec.containers",
-        },
-        {
-            "name": "inits",
-            "expression": f"object.kind == 'Job' ? ({inits.format('object.spec.template.spec')})"
-            f" : ({inits.format('object.spec')})",
-        },
-    ]
+    inits = "(has(p.initContainers) ? p.initContainers : [])"  # of pod spec p
+    variables: list[JSON] = [{"name": "pods", "expression": PODS}]
     validations: list[JSON] = []
     if t.gpus:
         allowed = sorted(t.gpus)
@@ -144,29 +146,31 @@ def _policy(rule: _Rule) -> JSON:
         def is_sidecar(c: str) -> str:
             return f"(has({c}.restartPolicy) && {c}.restartPolicy == 'Always')"
 
+        # What pod spec p holds while it runs: its containers and its sidecars (init
+        # containers that keep running) together.
+        running = (
+            f"(p.containers.map(c, {count('c')}).sum() + "
+            f"{inits}.filter(c, {is_sidecar('c')}).map(c, {count('c')}).sum())"
+        )
+        # Each init container of p that runs to completion, with the sidecars started before
+        # it (they keep running while it does).
+        each_init = (
+            f"{inits}.filter(c, !{is_sidecar('c')}).map(c, {count('c')} + "
+            f"{inits}.filter(s, {is_sidecar('s')} && {inits}.indexOf(s) < {inits}.indexOf(c))"
+            f".map(s, {count('s')}).sum())"
+        )
         variables += [
             {
-                # What the pod holds while it runs: its containers and its sidecars (init
-                # containers that keep running) together.
-                "name": "runningGpus",
-                "expression": f"variables.containers.map(c, {count('c')}).sum() + "
-                f"variables.inits.filter(c, {is_sidecar('c')}).map(c, {count('c')}).sum()",
+                # Each pod's request as the scheduler and Kueue count it: the largest of them.
+                "name": "podGpus",
+                "expression": f"variables.pods.map(p, {each_init}.size() > 0 && "
+                f"{each_init}.max() > {running} ? {each_init}.max() : {running})",
             },
             {
-                # Each init container that runs to completion, with the sidecars started
-                # before it (they keep running while it does).
-                "name": "initGpus",
-                "expression": f"variables.inits.filter(c, !{is_sidecar('c')}).map(c, "
-                f"{count('c')} + variables.inits.filter(s, {is_sidecar('s')} && "
-                "variables.inits.indexOf(s) < variables.inits.indexOf(c))"
-                f".map(s, {count('s')}).sum())",
-            },
-            {
-                # The pod's request as the scheduler and Kueue count it: the largest of them.
+                # The first pod's count the rule does not allow; 0 when every pod's is allowed.
                 "name": "gpus",
-                "expression": "variables.initGpus.size() > 0 && "
-                "variables.initGpus.max() > variables.runningGpus ? variables.initGpus.max() "
-                ": variables.runningGpus",
+                "expression": f"variables.podGpus.exists(n, n != 0 && !(n in {_cel(allowed)})) ? "
+                f"variables.podGpus.filter(n, n != 0 && !(n in {_cel(allowed)}))[0] : 0",
             },
         ]
         larger = f"{_cel(allowed)}.filter(n, n >= variables.gpus)"
@@ -185,18 +189,19 @@ def _policy(rule: _Rule) -> JSON:
         sizes = {MIG_PREFIX + p: _compute_slices(p) for p in allowed_mig}
         variables += [
             {
+                # The first profile not allowed in each pod that asks for one.
                 "name": "migAsked",
-                "expression": "(variables.containers + variables.inits).map(c, "
+                "expression": f"variables.pods.map(p, (p.containers + {inits}).map(c, "
                 f"{limits} ? c.resources.limits.filter("
                 f"r, r.startsWith({_cel(MIG_PREFIX)}) && !(r in {_cel(resources)})) : [])"
-                ".filter(l, l.size() > 0)",
+                ".filter(l, l.size() > 0)).filter(l, l.size() > 0).map(l, l[0][0])",
             },
             {
                 # The compute slices of the first profile asked that is not allowed ("3g...").
                 "name": "migSlices",
                 "expression": "variables.migAsked.size() == 0 ? 0 : "
-                f"(variables.migAsked[0][0].substring({len(MIG_PREFIX)}).matches('^[0-9]+g[.]')"
-                f" ? int(variables.migAsked[0][0].substring({len(MIG_PREFIX)}).split('g')[0])"
+                f"(variables.migAsked[0].substring({len(MIG_PREFIX)}).matches('^[0-9]+g[.]')"
+                f" ? int(variables.migAsked[0].substring({len(MIG_PREFIX)}).split('g')[0])"
                 " : 0)",
             },
         ]
@@ -204,7 +209,7 @@ def _policy(rule: _Rule) -> JSON:
         validations.append(
             {
                 "expression": "variables.migAsked.size() == 0",
-                "messageExpression": "variables.migAsked[0][0] + ' is not a MIG profile "
+                "messageExpression": "variables.migAsked[0] + ' is not a MIG profile "
                 f"{where} allows ({', '.join(allowed_mig)}); the nearest allowed is ' + "
                 f"({larger_mig}.size() > 0 ? {larger_mig}[0] : {_cel(resources[-1])})"
                 f".substring({len(MIG_PREFIX)})",
@@ -219,12 +224,7 @@ def _policy(rule: _Rule) -> JSON:
             # A request the expressions cannot read is refused by a hard rule, let through by
             # a soft one: a soft rule never blocks work.
             "failurePolicy": "Fail" if t.type == "hard" else "Ignore",
-            "matchConstraints": {
-                "resourceRules": [
-                    _created(group, resource)
-                    for group, resource in (("", "pods"), ("batch", "jobs"))
-                ]
-            },
+            "matchConstraints": {"resourceRules": [_created(*checked) for checked in CHECKED]},
             "matchConditions": [
                 {
                     "name": "submitted-to-the-tier",

@@ -695,17 +695,20 @@ class ControlPlane:
 
     def _start_kueue(self, timeout_s: float) -> None:
         assert self.workdir is not None
-        for crd in sorted(self.kueue_manifests.glob("kueue.x-k8s.io_*.yaml")):
+        # Kueue's kinds, and JobSet's (the version Kueue's module requires) so that JobSets can
+        # be submitted; with that integration off, Kueue's no-op webhook answers for them.
+        crds = [
+            *sorted(self.kueue_manifests.glob("kueue.x-k8s.io_*.yaml")),
+            *sorted((self._bin_root / "jobset").glob("*.yaml")),
+        ]
+        for crd in crds:
             self.apply(crd)
         # The manager sets up indexes on its kinds at start: they must be served by then.
         self.kubectl(
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
-            *(
-                f"crd/{p.stem.split('_', 1)[1]}.kueue.x-k8s.io"
-                for p in sorted(self.kueue_manifests.glob("kueue.x-k8s.io_*.yaml"))
-            ),
+            *(f"crd/{plural}.{group}" for group, plural in (p.stem.split("_", 1) for p in crds)),
         )
         self.create_namespace("kueue-system")
         certs = self.workdir / "kueue-certs"

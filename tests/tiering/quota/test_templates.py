@@ -1,6 +1,6 @@
 """Request templates on the real API server: a tier's allowed GPU shapes refuse (hard) or warn
-about (soft) a Job or pod submitted to it with another shape, naming the nearest allowed one;
-what is not submitted to the tier is not checked."""
+about (soft) a Job, JobSet or pod submitted to it with another shape, naming the nearest allowed
+one; what is not submitted to the tier is not checked."""
 
 from __future__ import annotations
 
@@ -38,6 +38,24 @@ def job(
             "suspend": True,
             "template": {"spec": {**spec, "restartPolicy": "Never"}},
         },
+    }
+
+
+def jobset(name: str, queue: str, pods: list[dict[str, str]]) -> dict[str, Any]:
+    """A suspended JobSet (the real CRD) with one replicated job per entry: its pods' limits."""
+    replicated = [
+        {
+            "name": f"r{i}",
+            "replicas": 1,
+            "template": {"spec": {"template": job(f"r{i}", None, resources)["spec"]["template"]}},
+        }
+        for i, resources in enumerate(pods)
+    ]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": {lbl.KUEUE_QUEUE_NAME: queue}},
+        "spec": {"suspend": True, "replicatedJobs": replicated},
     }
 
 
@@ -122,6 +140,13 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
     # A plain pod (Kueue's pod integration) is checked as well.
     pod = pod_manifest("p3", gpus=3, labels={lbl.KUEUE_QUEUE_NAME: train})
     assert "refused" in submit(b, pod)
+    # A JobSet: each replicated job's pods are checked, and the first that breaks the rule is
+    # named, whichever replicated job it is in.
+    mixed = submit(a, jobset("js-mixed", train, [{"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "3"}]))
+    assert "nvidia.com/gpu: 3 per pod is not a shape" in mixed, mixed
+    assert "refused" in mixed, mixed
+    fits = submit(a, jobset("js-fits", train, [{"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "1"}]))
+    assert "jobset.jobset.x-k8s.io/js-fits created" in fits, fits
 
     # Team b's own soft rule in the shared tier: admitted, with the warning kubectl prints.
     asked = {"nvidia.com/mig-2g.20gb": "1"}
@@ -131,6 +156,14 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
         f"nvidia.com/mig-2g.20gb is not a MIG profile tier {shared} (team {env.name('b')}) "
         "allows (1g.10gb, 3g.40gb); the nearest allowed is 3g.40gb"
     ) in warned, warned
+    fine, odd = {"nvidia.com/mig-1g.10gb": "1"}, {"nvidia.com/mig-4g.40gb": "1"}
+    js_warned = submit(b, jobset("js-mig", shared, [fine, odd]))
+    assert "created" in js_warned, js_warned
+    assert (
+        f"nvidia.com/mig-4g.40gb is not a MIG profile tier {shared} (team {env.name('b')}) "
+        "allows (1g.10gb, 3g.40gb); the nearest allowed is 3g.40gb"  # none larger: the largest
+    ) in js_warned, js_warned
+    assert "Warning" not in submit(b, jobset("js-mig-ok", shared, [fine, fine]))
     ok = submit(b, job("m-ok", shared, {"nvidia.com/mig-1g.10gb": "1"}))
     assert "created" in ok, ok
     assert "Warning" not in ok, ok
