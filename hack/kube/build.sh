@@ -5,8 +5,9 @@
 #
 # The programs go into a cache directory keyed by the pinned versions and a hash of the pins,
 # outside the checkout so that a fresh clone on a warm machine rebuilds nothing; Kueue's CRDs and
-# webhook manifests, and the JobSet CRD of the JobSet version Kueue's module requires (the
-# request-template tests submit JobSets), are copied beside them from the module cache. The directory is the last line
+# webhook manifests, and the CRDs of the Kueue integrations that request templates check (JobSet,
+# RayJob and RayCluster, PyTorchJob, LeaderWorkerSet; the versions Kueue's module requires), are
+# copied beside them from the module cache. The directory is the last line
 # printed. `build.sh --dir` prints it without building.
 #
 #   KUBE_BINS_CACHE   where keyed directories live (default: $XDG_CACHE_HOME/nodeagent/kube)
@@ -66,10 +67,21 @@ echo "building Kueue $kueue..." >&2
 kueue_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
 cp "$kueue_src"/config/components/crd/bases/*.yaml "$dir/kueue/"
 cp "$kueue_src/config/components/webhook/manifests.yaml" "$dir/kueue/webhooks.yaml"
-jobset_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
-mkdir -p "$dir/jobset"
-cp "$jobset_src"/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml "$dir/jobset/"
-chmod -R u+w "$dir/kueue" "$dir/jobset"
+# module, then its CRD files
+integrations=(
+  "sigs.k8s.io/jobset config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
+  "github.com/ray-project/kuberay/ray-operator config/crd/bases/ray.io_rayjobs.yaml
+    config/crd/bases/ray.io_rayclusters.yaml"
+  "github.com/kubeflow/training-operator manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
+  "sigs.k8s.io/lws config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+)
+mkdir -p "$dir/integrations"
+for entry in "${integrations[@]}"; do
+  read -r -d '' module files <<<"$entry" || true
+  src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' "$module")
+  for file in $files; do cp "$src/$file" "$dir/integrations/"; done
+done
+chmod -R u+w "$dir/kueue" "$dir/integrations"
 
 for program in "${programs[@]}"; do
   [ -x "$dir/bin/$program" ] || { echo "build did not produce $program" >&2; exit 1; }

@@ -8,14 +8,16 @@ for, and :func:`admission_objects` turns each distinct rule into a
 ``ValidatingAdmissionPolicy`` and its binding (``admissionregistration.k8s.io/v1``, CEL run
 by kube-apiserver: no webhook to deploy, nothing to go down). It checks what is submitted to
 the tier's LocalQueues (the ``kueue.x-k8s.io/queue-name`` label, in the team's namespaces):
-``batch/v1`` Jobs, by their pod template, ``jobset.x-k8s.io/v1alpha2`` JobSets, by each
-replicated job's pod template, and plain pods (Kueue's pod integration), on create.
+``batch/v1`` Jobs, the kinds of Kueue's JobSet, Ray (RayJob, RayCluster), PyTorchJob and
+LeaderWorkerSet integrations, each by every pod template it holds, and plain pods (Kueue's pod
+integration), on create.
 
 - ``type: hard``: a request of another shape is refused (``validationActions: [Deny]``);
 - ``type: soft``: it is admitted with a warning the client prints (``kubectl`` shows it) and an
   audit annotation (``[Warn, Audit]``), so teams see the rule before it is made hard.
 
-Every pod template of a JobSet is checked, and the message names the first that breaks the rule.
+Every pod template is checked (a JobSet's replicated jobs, a Ray cluster's head and worker
+groups), and the message names the first shape that breaks the rule.
 The message names the shape asked, what the tier allows, and the nearest allowed shape: the
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
@@ -101,14 +103,44 @@ def _compute_slices(profile: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-# What the rules check: (API group, version, resource).
-CHECKED = (("", "v1", "pods"), ("batch", "v1", "jobs"), ("jobset.x-k8s.io", "v1alpha2", "jobsets"))
+# What the rules check: (API group, version, resource), Kueue's integrations for them.
+CHECKED = (
+    ("", "v1", "pods"),
+    ("batch", "v1", "jobs"),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    ("ray.io", "v1", "rayjobs"),
+    ("ray.io", "v1", "rayclusters"),
+    ("kubeflow.org", "v1", "pytorchjobs"),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+)
 
-# The pod specs of what is submitted: a Job's template, each replicated job's template in a
-# JobSet, or the pod itself.
-PODS = (
-    "object.kind == 'Job' ? [object.spec.template.spec] : object.kind == 'JobSet' ? "
-    "object.spec.replicatedJobs.map(r, r.template.spec.template.spec) : [object.spec]"
+
+def _ray(cluster: str) -> str:
+    """The pod specs of a Ray cluster spec: its head and each worker group."""
+    return (
+        f"[{cluster}.headGroupSpec.template.spec] + (has({cluster}.workerGroupSpecs) ? "
+        f"{cluster}.workerGroupSpecs.map(w, w.template.spec) : [])"
+    )
+
+
+# The pod specs of what is submitted, by kind: each pod template it holds (a RayJob's submitter
+# pod and an LWS's leader are optional), or the pod itself.
+_LWS = "object.spec.leaderWorkerTemplate"
+PODS = " : ".join(
+    [
+        "object.kind == 'Job' ? [object.spec.template.spec]",
+        "object.kind == 'JobSet' ? "
+        "object.spec.replicatedJobs.map(r, r.template.spec.template.spec)",
+        "object.kind == 'RayJob' ? (has(object.spec.rayClusterSpec) ? "
+        f"{_ray('object.spec.rayClusterSpec')} : []) + "
+        "(has(object.spec.submitterPodTemplate) ? [object.spec.submitterPodTemplate.spec] : [])",
+        f"object.kind == 'RayCluster' ? {_ray('object.spec')}",
+        "object.kind == 'PyTorchJob' ? object.spec.pytorchReplicaSpecs.map("
+        "k, object.spec.pytorchReplicaSpecs[k].template.spec)",
+        f"object.kind == 'LeaderWorkerSet' ? [{_LWS}.workerTemplate.spec] + "
+        f"(has({_LWS}.leaderTemplate) ? [{_LWS}.leaderTemplate.spec] : [])",
+        "[object.spec]",
+    ]
 )
 
 

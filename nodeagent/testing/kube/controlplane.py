@@ -695,11 +695,12 @@ class ControlPlane:
 
     def _start_kueue(self, timeout_s: float) -> None:
         assert self.workdir is not None
-        # Kueue's kinds, and JobSet's (the version Kueue's module requires) so that JobSets can
-        # be submitted; with that integration off, Kueue's no-op webhook answers for them.
+        # Kueue's kinds, and those of the integrations request templates check (JobSet, Ray,
+        # PyTorchJob, LeaderWorkerSet), so that tests can submit them; with those integrations
+        # off, Kueue's no-op webhooks answer for them.
         crds = [
             *sorted(self.kueue_manifests.glob("kueue.x-k8s.io_*.yaml")),
-            *sorted((self._bin_root / "jobset").glob("*.yaml")),
+            *sorted((self._bin_root / "integrations").glob("*.yaml")),
         ]
         for crd in crds:
             self.apply(crd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -39,6 +40,33 @@ def job(
             "template": {"spec": {**spec, "restartPolicy": "Never"}},
         },
     }
+
+
+def submitted(env: KueueEnv, namespace: str, obj: dict[str, Any]) -> str:
+    """``kubectl create``: what it prints, warnings (stderr) included; "refused: ..." when the
+    API server refused it."""
+    done = subprocess.run(
+        [str(env.plane.bin / "kubectl"), "--kubeconfig", str(env.plane.admin.path),
+         "create", "-n", namespace, "-f", "-"],
+        input=yaml.safe_dump(obj), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    return out if done.returncode == 0 else f"refused: {out}"
+
+
+def first_saying(
+    env: KueueEnv, namespace: str, make: Callable[[str], dict[str, Any]], seen: str
+) -> str:
+    """Submit fresh copies until the output says ``seen``: the API server takes a new policy up
+    a moment after it is written."""
+    tries: list[str] = []
+
+    def once() -> str | None:
+        tries.append(submitted(env, namespace, make(f"try-{len(tries)}")))
+        return tries[-1] if seen in tries[-1] else None
+
+    found: str = wait_for(once, 60, f"{seen!r} from the API server (last: {tries[-1:]})")
+    return found
 
 
 def jobset(name: str, queue: str, pods: list[dict[str, str]]) -> dict[str, Any]:
@@ -86,28 +114,8 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
         in report.lines()
     )
 
-    def submit(namespace: str, obj: dict[str, Any]) -> str:
-        """``kubectl create``: what it prints, warnings (stderr) included; "refused: ..." when
-        the API server refused it."""
-        done = subprocess.run(
-            [str(env.plane.bin / "kubectl"), "--kubeconfig", str(env.plane.admin.path),
-             "create", "-n", namespace, "-f", "-"],
-            input=yaml.safe_dump(obj), capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        out = done.stdout + done.stderr
-        return out if done.returncode == 0 else f"refused: {out}"
-
-    def until(namespace: str, make: Callable[[str], dict[str, Any]], seen: str) -> str:
-        """Submit fresh copies until the output says ``seen``: the API server takes a new
-        policy up a moment after it is written."""
-        tries: list[str] = []
-
-        def once() -> str | None:
-            tries.append(submit(namespace, make(f"try-{len(tries)}")))
-            return tries[-1] if seen in tries[-1] else None
-
-        found: str = wait_for(once, 60, f"{seen!r} from the API server (last: {tries[-1:]})")
-        return found
+    submit = partial(submitted, env)
+    until = partial(first_saying, env)
 
     refused = until(a, lambda name: job(name, train, {"nvidia.com/gpu": "3"}), "refused")
     assert (
@@ -140,13 +148,6 @@ def test_hard_templates_refuse_soft_ones_warn_naming_the_nearest_shape(env: Kueu
     # A plain pod (Kueue's pod integration) is checked as well.
     pod = pod_manifest("p3", gpus=3, labels={lbl.KUEUE_QUEUE_NAME: train})
     assert "refused" in submit(b, pod)
-    # A JobSet: each replicated job's pods are checked, and the first that breaks the rule is
-    # named, whichever replicated job it is in.
-    mixed = submit(a, jobset("js-mixed", train, [{"nvidia.com/gpu": "4"}, {"nvidia.com/gpu": "3"}]))
-    assert "nvidia.com/gpu: 3 per pod is not a shape" in mixed, mixed
-    assert "refused" in mixed, mixed
-    fits = submit(a, jobset("js-fits", train, [{"nvidia.com/gpu": "8"}, {"nvidia.com/gpu": "1"}]))
-    assert "jobset.jobset.x-k8s.io/js-fits created" in fits, fits
 
     # Team b's own soft rule in the shared tier: admitted, with the warning kubectl prints.
     asked = {"nvidia.com/mig-2g.20gb": "1"}
@@ -194,3 +195,85 @@ def test_a_bad_template_is_one_line_naming_the_field(templates: dict[str, Any], 
         quota_policy(data)
     assert says in str(err.value), str(err.value)
     assert "tiers.train.templates" in str(err.value), str(err.value)
+
+
+def ray_cluster(pods: list[dict[str, str]]) -> dict[str, Any]:
+    """A Ray cluster spec: the head with the first limits, one worker group per other entry."""
+    head, *workers = [pod_manifest("ray", resources=r)["spec"] for r in pods]
+    return {
+        "headGroupSpec": {"rayStartParams": {}, "template": {"spec": head}},
+        "workerGroupSpecs": [
+            {"groupName": f"g{i}", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+             "rayStartParams": {}, "template": {"spec": spec}}
+            for i, spec in enumerate(workers)
+        ],
+    }  # fmt: skip
+
+
+def integration(kind: str, name: str, queue: str, pods: list[dict[str, str]]) -> dict[str, Any]:
+    """An object of one of Kueue's integrations (the real CRDs), suspended where the kind can
+    be, holding one pod template per entry of ``pods`` (each pod's limits)."""
+    specs = [pod_manifest("main", resources=r)["spec"] for r in pods]
+    meta = {"name": name, "labels": {lbl.KUEUE_QUEUE_NAME: queue}}
+    if kind == "JobSet":
+        return jobset(name, queue, pods)
+    if kind == "RayJob":
+        body = {
+            "suspend": True,
+            "entrypoint": "python train.py",
+            "rayClusterSpec": ray_cluster(pods),
+        }
+        return {"apiVersion": "ray.io/v1", "kind": kind, "metadata": meta, "spec": body}
+    if kind == "RayCluster":
+        body = {"suspend": True, **ray_cluster(pods)}
+        return {"apiVersion": "ray.io/v1", "kind": kind, "metadata": meta, "spec": body}
+    if kind == "PyTorchJob":
+        roles = dict(zip(("Master", "Worker"), specs, strict=False))
+        body = {
+            "runPolicy": {"suspend": True},
+            "pytorchReplicaSpecs": {
+                role: {"replicas": 1, "template": {"spec": {**spec, "restartPolicy": "Never"}}}
+                for role, spec in roles.items()
+            },
+        }
+        return {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": meta, "spec": body}
+    assert kind == "LeaderWorkerSet"
+    worker, *leader = specs  # the worker template first; a leader template if a second entry
+    template: dict[str, Any] = {"size": 2, "workerTemplate": {"spec": worker}}
+    if leader:
+        template["leaderTemplate"] = {"spec": leader[0]}
+    body = {"replicas": 1, "leaderWorkerTemplate": template}
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": kind, "metadata": meta,
+            "spec": body}  # fmt: skip
+
+
+KINDS = ("JobSet", "RayJob", "RayCluster", "PyTorchJob", "LeaderWorkerSet")
+
+
+def test_every_pod_template_of_kueues_integrations_is_checked(env: KueueEnv) -> None:
+    train = env.name("train")
+    a = env.namespace("a")
+    policy = quota_policy(
+        {
+            "version": "v1",
+            "tiers": {train: {"templates": {"type": "hard", "gpus": [1, 2, 4, 8]}}},
+            "teams": [{"name": env.name("a"), "namespaces": [a],
+                       "tiers": {train: {"resources": {"nvidia.com/gpu": {"guaranteed": 8}}}}}],
+        }
+    )  # fmt: skip
+    assert apply_objects(env.kube, env.api, policy_objects(policy, env.api)).ok
+    four, three, eight = ({"nvidia.com/gpu": n} for n in ("4", "3", "8"))
+    first_saying(env, a, lambda name: integration("JobSet", name, train, [three]), "refused")
+    for kind in KINDS:
+        # The shape that breaks the rule is in the last pod template (a worker group, the
+        # PyTorch worker, the LWS leader), so every template is read, not only the first.
+        refused = submitted(env, a, integration(kind, "bad", train, [four, three]))
+        assert "refused" in refused, f"{kind}: {refused}"
+        assert (
+            f"nvidia.com/gpu: 3 per pod is not a shape tier {train} allows (1, 2, 4, 8); "
+            "the nearest allowed is 4"
+        ) in refused, f"{kind}: {refused}"
+        admitted = submitted(
+            env, a, integration(kind, f"fits-{kind.lower()}", train, [eight, four])
+        )
+        assert "created" in admitted, f"{kind}: {admitted}"
