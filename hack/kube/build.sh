@@ -6,8 +6,8 @@
 # The programs go into a cache directory keyed by the pinned versions and a hash of the pins,
 # outside the checkout so that a fresh clone on a warm machine rebuilds nothing; Kueue's CRDs and
 # webhook manifests, and the CRDs of the Kueue integrations that request templates check (JobSet,
-# RayJob and RayCluster, PyTorchJob, LeaderWorkerSet; the versions Kueue's module requires), are
-# copied beside them from the module cache. The directory is the last line
+# RayJob and RayCluster, the Kubeflow jobs, LeaderWorkerSet; the versions Kueue's module
+# requires), are copied beside them from the module cache. The directory is the last line
 # printed. `build.sh --dir` prints it without building.
 #
 #   KUBE_BINS_CACHE   where keyed directories live (default: $XDG_CACHE_HOME/nodeagent/kube)
@@ -72,7 +72,10 @@ integrations=(
   "sigs.k8s.io/jobset config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
   "github.com/ray-project/kuberay/ray-operator config/crd/bases/ray.io_rayjobs.yaml
     config/crd/bases/ray.io_rayclusters.yaml"
-  "github.com/kubeflow/training-operator manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
+  "github.com/kubeflow/training-operator manifests/base/crds/kubeflow.org_pytorchjobs.yaml
+    manifests/base/crds/kubeflow.org_tfjobs.yaml manifests/base/crds/kubeflow.org_xgboostjobs.yaml
+    manifests/base/crds/kubeflow.org_paddlejobs.yaml manifests/base/crds/kubeflow.org_jaxjobs.yaml"
+  "github.com/kubeflow/mpi-operator manifests/base/kubeflow.org_mpijobs.yaml"
   "sigs.k8s.io/lws config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 )
 mkdir -p "$dir/integrations"

@@ -8,7 +8,8 @@ for, and :func:`admission_objects` turns each distinct rule into a
 ``ValidatingAdmissionPolicy`` and its binding (``admissionregistration.k8s.io/v1``, CEL run
 by kube-apiserver: no webhook to deploy, nothing to go down). It checks what is submitted to
 the tier's LocalQueues (the ``kueue.x-k8s.io/queue-name`` label, in the team's namespaces):
-``batch/v1`` Jobs, the kinds of Kueue's JobSet, Ray (RayJob, RayCluster), PyTorchJob and
+``batch/v1`` Jobs, Deployments and StatefulSets, the kinds of Kueue's JobSet, Ray (RayJob,
+RayCluster), Kubeflow (PyTorchJob, TFJob, XGBoostJob, PaddleJob, JAXJob, MPIJob v2beta1) and
 LeaderWorkerSet integrations, each by every pod template it holds, and plain pods (Kueue's pod
 integration), on create.
 
@@ -17,7 +18,8 @@ integration), on create.
   audit annotation (``[Warn, Audit]``), so teams see the rule before it is made hard.
 
 Every pod template is checked (a JobSet's replicated jobs, a Ray cluster's head and worker
-groups), and the message names the first shape that breaks the rule.
+groups, a Kubeflow job's replica types), and the message names the first shape that breaks the
+rule.
 The message names the shape asked, what the tier allows, and the nearest allowed shape: the
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
@@ -103,14 +105,28 @@ def _compute_slices(profile: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+# The Kubeflow jobs Kueue integrates: kind -> the field that maps each replica type (Master,
+# Worker, ...) to its spec and pod template.
+KUBEFLOW = {
+    "PyTorchJob": "pytorchReplicaSpecs",
+    "TFJob": "tfReplicaSpecs",
+    "XGBoostJob": "xgbReplicaSpecs",
+    "PaddleJob": "paddleReplicaSpecs",
+    "JAXJob": "jaxReplicaSpecs",
+    "MPIJob": "mpiReplicaSpecs",
+}
+
 # What the rules check: (API group, version, resource), Kueue's integrations for them.
 CHECKED = (
     ("", "v1", "pods"),
     ("batch", "v1", "jobs"),
+    ("apps", "v1", "deployments"),
+    ("apps", "v1", "statefulsets"),
     ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
     ("ray.io", "v1", "rayjobs"),
     ("ray.io", "v1", "rayclusters"),
-    ("kubeflow.org", "v1", "pytorchjobs"),
+    *(("kubeflow.org", "v1", f"{kind.lower()}s") for kind in KUBEFLOW if kind != "MPIJob"),
+    ("kubeflow.org", "v2beta1", "mpijobs"),  # the MPI operator's v2, as Kueue integrates it
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 
@@ -128,15 +144,18 @@ def _ray(cluster: str) -> str:
 _LWS = "object.spec.leaderWorkerTemplate"
 PODS = " : ".join(
     [
-        "object.kind == 'Job' ? [object.spec.template.spec]",
+        "object.kind in ['Job', 'Deployment', 'StatefulSet'] ? [object.spec.template.spec]",
         "object.kind == 'JobSet' ? "
         "object.spec.replicatedJobs.map(r, r.template.spec.template.spec)",
         "object.kind == 'RayJob' ? (has(object.spec.rayClusterSpec) ? "
         f"{_ray('object.spec.rayClusterSpec')} : []) + "
         "(has(object.spec.submitterPodTemplate) ? [object.spec.submitterPodTemplate.spec] : [])",
         f"object.kind == 'RayCluster' ? {_ray('object.spec')}",
-        "object.kind == 'PyTorchJob' ? object.spec.pytorchReplicaSpecs.map("
-        "k, object.spec.pytorchReplicaSpecs[k].template.spec)",
+        *(
+            f"object.kind == '{kind}' ? object.spec.{field}.map("
+            f"k, object.spec.{field}[k].template.spec)"
+            for kind, field in KUBEFLOW.items()
+        ),
         f"object.kind == 'LeaderWorkerSet' ? [{_LWS}.workerTemplate.spec] + "
         f"(has({_LWS}.leaderTemplate) ? [{_LWS}.leaderTemplate.spec] : [])",
         "[object.spec]",

@@ -17,6 +17,7 @@ from nodeagent import labels as lbl
 from nodeagent.testing.kube.nodes import pod_manifest
 from nodeagent_tiering.quota.apply import apply_objects, policy_objects
 from nodeagent_tiering.quota.policy import QuotaPolicyError
+from nodeagent_tiering.quota.templates import CHECKED, KUBEFLOW
 from tests.tiering.quota.conftest import KueueEnv, quota_policy, wait_for
 
 
@@ -227,16 +228,23 @@ def integration(kind: str, name: str, queue: str, pods: list[dict[str, str]]) ->
     if kind == "RayCluster":
         body = {"suspend": True, **ray_cluster(pods)}
         return {"apiVersion": "ray.io/v1", "kind": kind, "metadata": meta, "spec": body}
-    if kind == "PyTorchJob":
-        roles = dict(zip(("Master", "Worker"), specs, strict=False))
+    if kind in ("Deployment", "StatefulSet"):  # no replicas: the test wants no pods
+        (spec,) = specs
+        app = {"app": name}
+        body = {"replicas": 0, "selector": {"matchLabels": app},
+                "template": {"metadata": {"labels": app}, "spec": spec}}  # fmt: skip
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": meta, "spec": body}
+    if kind in KUBEFLOW_ROLES:
+        roles = dict(zip(KUBEFLOW_ROLES[kind], specs, strict=True))
         body = {
             "runPolicy": {"suspend": True},
-            "pytorchReplicaSpecs": {
+            KUBEFLOW[kind]: {
                 role: {"replicas": 1, "template": {"spec": {**spec, "restartPolicy": "Never"}}}
                 for role, spec in roles.items()
             },
         }
-        return {"apiVersion": "kubeflow.org/v1", "kind": kind, "metadata": meta, "spec": body}
+        version = "kubeflow.org/v2beta1" if kind == "MPIJob" else "kubeflow.org/v1"
+        return {"apiVersion": version, "kind": kind, "metadata": meta, "spec": body}
     assert kind == "LeaderWorkerSet"
     worker, *leader = specs  # the worker template first; a leader template if a second entry
     template: dict[str, Any] = {"size": 2, "workerTemplate": {"spec": worker}}
@@ -247,7 +255,25 @@ def integration(kind: str, name: str, queue: str, pods: list[dict[str, str]]) ->
             "spec": body}  # fmt: skip
 
 
-KINDS = ("JobSet", "RayJob", "RayCluster", "PyTorchJob", "LeaderWorkerSet")
+# The replica types each Kubeflow job is given here, in order (JAXJob has only workers).
+KUBEFLOW_ROLES = {
+    "PyTorchJob": ("Master", "Worker"),
+    "TFJob": ("Chief", "Worker"),
+    "XGBoostJob": ("Master", "Worker"),
+    "PaddleJob": ("Master", "Worker"),
+    "JAXJob": ("Worker",),
+    "MPIJob": ("Launcher", "Worker"),
+}
+# Each kind checked besides Job and Pod, and how many pod templates it is given.
+KINDS = {
+    "JobSet": 2,
+    "RayJob": 2,
+    "RayCluster": 2,
+    **{kind: len(roles) for kind, roles in KUBEFLOW_ROLES.items()},
+    "LeaderWorkerSet": 2,
+    "Deployment": 1,
+    "StatefulSet": 1,
+}
 
 
 def test_every_pod_template_of_kueues_integrations_is_checked(env: KueueEnv) -> None:
@@ -264,16 +290,18 @@ def test_every_pod_template_of_kueues_integrations_is_checked(env: KueueEnv) -> 
     assert apply_objects(env.kube, env.api, policy_objects(policy, env.api)).ok
     four, three, eight = ({"nvidia.com/gpu": n} for n in ("4", "3", "8"))
     first_saying(env, a, lambda name: integration("JobSet", name, train, [three]), "refused")
-    for kind in KINDS:
+    checked = {resource for _group, _version, resource in CHECKED}
+    assert {f"{kind.lower()}s" for kind in KINDS} | {"pods", "jobs"} == checked
+    for kind, templates in KINDS.items():
         # The shape that breaks the rule is in the last pod template (a worker group, the
-        # PyTorch worker, the LWS leader), so every template is read, not only the first.
-        refused = submitted(env, a, integration(kind, "bad", train, [four, three]))
+        # worker replicas, the LWS leader), so every template is read, not only the first.
+        bad = [four] * (templates - 1) + [three]
+        refused = submitted(env, a, integration(kind, "bad", train, bad))
         assert "refused" in refused, f"{kind}: {refused}"
         assert (
             f"nvidia.com/gpu: 3 per pod is not a shape tier {train} allows (1, 2, 4, 8); "
             "the nearest allowed is 4"
         ) in refused, f"{kind}: {refused}"
-        admitted = submitted(
-            env, a, integration(kind, f"fits-{kind.lower()}", train, [eight, four])
-        )
+        good = [eight] * (templates - 1) + [four]
+        admitted = submitted(env, a, integration(kind, f"fits-{kind.lower()}", train, good))
         assert "created" in admitted, f"{kind}: {admitted}"
