@@ -237,7 +237,10 @@ def floor_server(directory: Path, answer: bytes) -> Iterator[api_pb2_grpc.Device
     server = subprocess.Popen([sys.executable, "-c", _FLOOR, str(socket), str(answer_file)])
     channel = grpc.insecure_channel(f"unix://{socket}")
     try:
-        grpc.channel_ready_future(channel).result(timeout=30)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        except grpc.FutureTimeoutError:
+            die(f"the floor's bare grpcio server did not answer on {socket} within 30 s")
         yield api_pb2_grpc.DevicePluginStub(channel)
     finally:
         channel.close()

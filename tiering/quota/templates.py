@@ -19,8 +19,7 @@ integration), on create.
 
 Every pod template is checked (a JobSet's replicated jobs, a Ray cluster's head and worker
 groups, a Kubeflow job's replica types), and the message names the first shape that breaks the
-rule.
-The message names the shape asked, what the tier allows, and the nearest allowed shape: the
+rule: the shape asked, what the tier allows, and the nearest allowed shape: the
 smallest allowed count at least as large (else the largest), the smallest allowed MIG profile
 with at least as many compute slices (else the largest). Counts are per pod, over its
 containers' limits (an extended resource always has a limit; a request must equal it), as the
@@ -212,16 +211,16 @@ def _policy(rule: _Rule) -> JSON:
         )
         variables += [
             {
-                # Each pod's request as the scheduler and Kueue count it: the largest of them.
+                # Each pod's request as the scheduler and Kueue count it: the largest of them
+                # (CEL has no let: each part is written once so that it is evaluated once).
                 "name": "podGpus",
-                "expression": f"variables.pods.map(p, {each_init}.size() > 0 && "
-                f"{each_init}.max() > {running} ? {each_init}.max() : {running})",
+                "expression": f"variables.pods.map(p, ([{running}] + {each_init}).max())",
             },
             {
                 # The first pod's count the rule does not allow; 0 when every pod's is allowed.
                 "name": "gpus",
-                "expression": f"variables.podGpus.exists(n, n != 0 && !(n in {_cel(allowed)})) ? "
-                f"variables.podGpus.filter(n, n != 0 && !(n in {_cel(allowed)}))[0] : 0",
+                "expression": f"(variables.podGpus.filter(n, n != 0 && !(n in {_cel(allowed)}))"
+                " + [0])[0]",
             },
         ]
         larger = f"{_cel(allowed)}.filter(n, n >= variables.gpus)"

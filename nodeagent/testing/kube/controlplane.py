@@ -696,8 +696,8 @@ class ControlPlane:
     def _start_kueue(self, timeout_s: float) -> None:
         assert self.workdir is not None
         # Kueue's kinds, and those of the integrations request templates check (JobSet, Ray,
-        # PyTorchJob, LeaderWorkerSet), so that tests can submit them; with those integrations
-        # off, Kueue's no-op webhooks answer for them.
+        # the Kubeflow jobs, LeaderWorkerSet), so that tests can submit them; with those
+        # integrations off, Kueue's no-op webhooks answer for them.
         crds = [
             *sorted(self.kueue_manifests.glob("kueue.x-k8s.io_*.yaml")),
             *sorted((self._bin_root / "integrations").glob("*.yaml")),
