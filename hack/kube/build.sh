@@ -77,6 +77,7 @@ integrations=(
     manifests/base/crds/kubeflow.org_paddlejobs.yaml manifests/base/crds/kubeflow.org_jaxjobs.yaml"
   "github.com/kubeflow/mpi-operator manifests/base/kubeflow.org_mpijobs.yaml"
   "sigs.k8s.io/lws config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+  "github.com/kubeflow/trainer/v2 manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"
 )
 mkdir -p "$dir/integrations"
 for entry in "${integrations[@]}"; do

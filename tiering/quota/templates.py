@@ -10,8 +10,9 @@ by kube-apiserver: no webhook to deploy, nothing to go down). It checks what is 
 the tier's LocalQueues (the ``kueue.x-k8s.io/queue-name`` label, in the team's namespaces):
 ``batch/v1`` Jobs, Deployments and StatefulSets, the kinds of Kueue's JobSet, Ray (RayJob,
 RayCluster), Kubeflow (PyTorchJob, TFJob, XGBoostJob, PaddleJob, JAXJob, MPIJob v2beta1) and
-LeaderWorkerSet integrations, each by every pod template it holds, and plain pods (Kueue's pod
-integration), on create.
+LeaderWorkerSet integrations, each by every pod template it holds, Kubeflow Trainer's TrainJob
+by its trainer's ``resourcesPerNode`` (its pod templates are the training runtime's), and plain
+pods (Kueue's pod integration), on create.
 
 - ``type: hard``: a request of another shape is refused (``validationActions: [Deny]``);
 - ``type: soft``: it is admitted with a warning the client prints (``kubectl`` shows it) and an
@@ -127,6 +128,7 @@ CHECKED = (
     *(("kubeflow.org", "v1", f"{kind.lower()}s") for kind in KUBEFLOW if kind != "MPIJob"),
     ("kubeflow.org", "v2beta1", "mpijobs"),  # the MPI operator's v2, as Kueue integrates it
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
 )
 
 
@@ -141,6 +143,7 @@ def _ray(cluster: str) -> str:
 # The pod specs of what is submitted, by kind: each pod template it holds (a RayJob's submitter
 # pod and an LWS's leader are optional), or the pod itself.
 _LWS = "object.spec.leaderWorkerTemplate"
+_TRAINER = "object.spec.trainer"
 PODS = " : ".join(
     [
         "object.kind in ['Job', 'Deployment', 'StatefulSet'] ? [object.spec.template.spec]",
@@ -157,6 +160,10 @@ PODS = " : ".join(
         ),
         f"object.kind == 'LeaderWorkerSet' ? [{_LWS}.workerTemplate.spec] + "
         f"(has({_LWS}.leaderTemplate) ? [{_LWS}.leaderTemplate.spec] : [])",
+        # A TrainJob's trainer pods take their containers from the training runtime; the job
+        # itself can only set the trainer container's resources, which is what is checked.
+        f"object.kind == 'TrainJob' ? (has({_TRAINER}) && has({_TRAINER}.resourcesPerNode) ? "
+        f"[{{'containers': [{{'resources': {_TRAINER}.resourcesPerNode}}]}}] : [])",
         "[object.spec]",
     ]
 )

@@ -228,6 +228,12 @@ def integration(kind: str, name: str, queue: str, pods: list[dict[str, str]]) ->
     if kind == "RayCluster":
         body = {"suspend": True, **ray_cluster(pods)}
         return {"apiVersion": "ray.io/v1", "kind": kind, "metadata": meta, "spec": body}
+    if kind == "TrainJob":  # its pod templates are the runtime's; it sets the trainer's resources
+        (limits,) = pods
+        trainer = {"numNodes": 2, "resourcesPerNode": {"limits": limits}}
+        body = {"suspend": True, "runtimeRef": {"name": "torch-distributed"}, "trainer": trainer}
+        return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": meta,
+                "spec": body}  # fmt: skip
     if kind in ("Deployment", "StatefulSet"):  # no replicas: the test wants no pods
         (spec,) = specs
         app = {"app": name}
@@ -273,6 +279,7 @@ KINDS = {
     "LeaderWorkerSet": 2,
     "Deployment": 1,
     "StatefulSet": 1,
+    "TrainJob": 1,
 }
 
 
@@ -305,3 +312,7 @@ def test_every_pod_template_of_kueues_integrations_is_checked(env: KueueEnv) -> 
         good = [eight] * (templates - 1) + [four]
         admitted = submitted(env, a, integration(kind, f"fits-{kind.lower()}", train, good))
         assert "created" in admitted, f"{kind}: {admitted}"
+    # A TrainJob that leaves the trainer's resources to its runtime has nothing to check here.
+    runtime_decides = integration("TrainJob", "runtime-decides", train, [eight])
+    del runtime_decides["spec"]["trainer"]
+    assert "created" in submitted(env, a, runtime_decides)
