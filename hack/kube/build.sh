@@ -82,7 +82,9 @@ integrations=(
 mkdir -p "$dir/integrations"
 for entry in "${integrations[@]}"; do
   read -r -d '' module files <<<"$entry" || true
-  src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' "$module")
+  # Kueue's build fetched these modules already; downloading again is a no-op then, and makes
+  # sure of them otherwise (go list names no directory for a module not yet fetched).
+  src=$(cd "$here/kueue" && go mod download "$module" && go list -m -f '{{.Dir}}' "$module")
   for file in $files; do cp "$src/$file" "$dir/integrations/"; done
 done
 chmod -R u+w "$dir/kueue" "$dir/integrations"
