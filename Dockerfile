@@ -19,6 +19,13 @@ WORKDIR /src
 COPY hack/nvidia/ hack/nvidia/
 RUN cp "$(bash hack/nvidia/build.sh --nvml-header)" /nvml.h
 
+# The Allocate front (device_plugin/front): a static Go program that answers the kubelet's
+# Allocate for the agent; the image turns it on (NODEAGENT_DEVICE_PLUGIN_ALLOCATE_FRONT below).
+FROM ${GO_IMAGE} AS front
+WORKDIR /src
+COPY device_plugin/front/ device_plugin/front/
+RUN cp "$(bash device_plugin/front/build.sh)" /nodeagent-device-plugin-front
+
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -57,8 +64,10 @@ ENV PATH=/opt/nodeagent/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility \
-    NODEAGENT_LIBNVML=/opt/nodeagent/libnvml/libnvidia-ml.so.1
+    NODEAGENT_LIBNVML=/opt/nodeagent/libnvml/libnvidia-ml.so.1 \
+    NODEAGENT_DEVICE_PLUGIN_ALLOCATE_FRONT=/opt/nodeagent/bin/nodeagent-device-plugin-front
 COPY --from=build /opt/nodeagent /opt/nodeagent
+COPY --from=front /nodeagent-device-plugin-front /opt/nodeagent/bin/
 # An unprivileged default for `docker run nodeagent ...` (simulation, planning, `gpus`). The
 # DaemonSet runs the agent as root with only CAP_SYS_ADMIN: the kubelet's sockets are root-only
 # and the driver allows MIG changes only with that capability (docs/operations.md).

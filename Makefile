@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= .demo
 PRESET ?= dgx-h100
 
-.PHONY: demo test lint rules bench clean kube-bins cluster nvidia-peers libnvml
+.PHONY: demo test lint rules bench clean kube-bins cluster nvidia-peers libnvml device-plugin-front
 
 # The environment is rebuilt whenever pyproject.toml changes.
 $(BIN)/nodeagent: pyproject.toml
@@ -41,6 +41,11 @@ nvidia-peers:
 
 libnvml: $(BIN)/nodeagent
 	@$(BIN)/python -m nodeagent.sim.libnvml
+
+# The Go program that answers the kubelet's Allocate for the agent (device_plugin.allocate_front;
+# docs/device-plugin.md), cached by its sources; prints its path.
+device-plugin-front:
+	@bash device_plugin/front/build.sh
 
 # kube-apiserver, etcd, kube-scheduler, kube-controller-manager and Kueue on loopback, in the
 # foreground; prints the kubeconfig to export. NODES=N adds N kubelet-less 8-GPU nodes;

@@ -10,6 +10,8 @@ from the health thread itself, so they do not wait for the loop.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -26,9 +28,10 @@ from nodeagent.runtime.backoff import Backoff
 from nodeagent.runtime.health_source import HealthSource
 from nodeagent.runtime.mps import MpsPaths, MpsSupervisor, MpsTarget
 from nodeagent_device_plugin.cdi import CdiSpecs
+from nodeagent_device_plugin.front import Front, FrontError
 from nodeagent_device_plugin.preferred import ScoreTable
 from nodeagent_device_plugin.resources import PluginDevice, Resource, build_resources, summarize
-from nodeagent_device_plugin.server import ResourceServer, ServingContext, options
+from nodeagent_device_plugin.server import FrontLink, ResourceServer, ServingContext, options
 from nodeagent_device_plugin.withheld import HealthTracker
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class PluginManager:
         self._table = ScoreTable({})
         self._health_source = health
         self._ctx = self._serving_context()
+        self.front: FrontLink | None = None  # set by start() when allocate_front is configured
 
     # --- serving context ----------------------------------------------------------------------
     def _serving_context(self) -> ServingContext:
@@ -106,6 +110,8 @@ class PluginManager:
     def start(self, snapshot: NodeSnapshot) -> None:
         """Serve the snapshot's resources and register them (retrying in :meth:`tick`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        if self.section.allocate_front is not None:
+            self.front = self._start_front(self.section.allocate_front)
         self._kubelet_identity = self._kubelet_stat()
         self.health.attach(self._health_source)
         self.apply(snapshot, self.pool, self.section)
@@ -122,6 +128,8 @@ class PluginManager:
         with self._lock:
             if section.kubelet_dir != self.section.kubelet_dir:
                 log.warning("kubelet_dir changes take effect at the next agent start")
+            if section.allocate_front != self.section.allocate_front:
+                log.warning("allocate_front changes take effect at the next agent start")
             self.pool, self.section = pool, section
             self.health.quiet_s = section.health_recovery_quiet_s
             self._table = ScoreTable.from_topology(snapshot.topology, numa)
@@ -159,9 +167,44 @@ class PluginManager:
                     )
         return targets
 
+    # --- the Allocate front ------------------------------------------------------------------
+    @staticmethod
+    def _start_front(program: Path) -> FrontLink | None:
+        front = Front(program)
+        try:
+            front.start()
+        except FrontError as exc:
+            log.error("Allocate front: %s; the agent answers Allocate itself", exc)
+            return None
+        upstream = Path(tempfile.mkdtemp(prefix="nodeagent-device-plugin-"))
+        return FrontLink(front, upstream)
+
+    def _drop_front(self, reason: str) -> None:
+        """Serve every socket without the front (it failed): Allocate is answered in Python."""
+        link, self.front = self.front, None
+        if link is None:
+            return
+        log.error(
+            "Allocate front out of service (%s); the agent serves every resource itself now",
+            reason,
+        )
+        link.front.stop()
+        for name, server in self.servers.items():
+            server.front = None
+            server.start()
+            self.registrations[name] = self._registration()
+            # The kubelet must first see the old stream end (see REREGISTER_AFTER_STOP_S).
+            self.registrations[name].next_attempt = time.monotonic() + REREGISTER_AFTER_STOP_S
+        shutil.rmtree(link.upstream_dir, ignore_errors=True)
+
     def _serve(self, resource: Resource, register_after_s: float = 0.0) -> None:
-        server = ResourceServer(self.directory, resource, self._ctx)
-        server.start()
+        server = ResourceServer(self.directory, resource, self._ctx, self.front)
+        try:
+            server.start()
+        except FrontError as exc:
+            self._drop_front(f"{resource.name}: {exc}")
+            server.front = None
+            server.start()
         self.servers[resource.name] = server
         self.registrations[resource.name] = self._registration()
         if self.kubelet_present and register_after_s > 0:
@@ -208,6 +251,10 @@ class PluginManager:
             for server in self.servers.values():
                 server.stop()
             self.servers.clear()
+            if self.front is not None:
+                self.front.front.stop()
+                shutil.rmtree(self.front.upstream_dir, ignore_errors=True)
+                self.front = None
             self.mps.stop_all()
 
     # --- registration and the kubelet watch ---------------------------------------------------
@@ -262,6 +309,8 @@ class PluginManager:
     def tick(self) -> None:
         """One pass of the watch loop: kubelet restarts, lost sockets, retries, recovery, MPS."""
         with self._lock:
+            if self.front is not None and (reason := self.front.front.broken) is not None:
+                self._drop_front(reason)
             identity = self._kubelet_stat()
             kubelet_new = identity is not None and identity != self._kubelet_identity
             self._kubelet_identity = identity

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -22,6 +23,7 @@ from nodeagent_device_plugin.allocate import (
     id_list,
     validate_request,
 )
+from nodeagent_device_plugin.front import AllocateTable, Front, FrontError, allocate_table
 from nodeagent_device_plugin.preferred import ScoreTable, preferred_gpus, preferred_replicas
 from nodeagent_device_plugin.resources import PluginDevice, Resource
 
@@ -56,6 +58,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._stopped = False
         self.streams_opened = 0  # ListAndWatch streams ever opened (tests check re-dials)
         self.streams_open = 0
+        # Where Allocate's inputs go when the front answers it (None: Python answers).
+        self._publish_lock = threading.Lock()
+        self._publish: Callable[[AllocateTable], None] | None = None
+        self._published: AllocateTable | None = None
         self.refresh()
 
     @property
@@ -71,7 +77,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.refresh()
 
     def refresh(self) -> bool:
-        """Recompute health; notify ListAndWatch streams when the list changed."""
+        """Recompute health; notify ListAndWatch streams when the list changed.
+
+        The Allocate table, when the front answers Allocate, is recomputed too and sent if it
+        changed (a device's health reason can change while the list stays the same).
+        """
+        self._publish_table()
         message = api_pb2.ListAndWatchResponse()
         for device in self._resource.devices:
             entry = message.devices.add(
@@ -86,6 +97,23 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._version += 1
             self._cond.notify_all()
         return True
+
+    def publish_to(self, publish: Callable[[AllocateTable], None] | None) -> None:
+        """Send Allocate's table to ``publish`` now and after every change (None: stop)."""
+        with self._publish_lock:
+            self._publish, self._published = publish, None
+        self._publish_table()
+
+    def _publish_table(self) -> None:
+        # Under the lock, so that a table computed earlier is never sent after a newer one.
+        with self._publish_lock:
+            if self._publish is None:
+                return
+            ctx = self.ctx
+            table = allocate_table(self._resource, ctx.section, ctx.unhealthy, ctx.mps_paths)
+            if table != self._published:
+                self._publish(table)
+                self._published = table
 
     def advertised(self) -> dict[str, bool]:
         """The device list as ListAndWatch sends it now: ID -> healthy."""
@@ -226,14 +254,34 @@ def options() -> api_pb2.DevicePluginOptions:
     )
 
 
-class ResourceServer:
-    """A gRPC server for one resource on ``<dir>/<socket>``, owner-only, removed on stop."""
+@dataclass(frozen=True)
+class FrontLink:
+    """The Allocate front and the private directory of the agent's own sockets behind it."""
 
-    def __init__(self, directory: Path, resource: Resource, ctx: ServingContext) -> None:
+    front: Front
+    upstream_dir: Path
+
+
+class ResourceServer:
+    """A gRPC server for one resource on ``<dir>/<socket>``, owner-only, removed on stop.
+
+    With a front, the front serves ``<dir>/<socket>`` and this server listens on the same
+    name in the front's private directory, for the calls the front passes on.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        resource: Resource,
+        ctx: ServingContext,
+        front: FrontLink | None = None,
+    ) -> None:
         self.directory = directory
         self.service = DevicePluginService(resource, ctx)
         self.socket_path = directory / resource.socket_name
+        self.front = front
         self._server: grpc.Server | None = None
+        self._bound: Path | None = None
         self.socket_identity: tuple[int, int] | None = None
 
     @property
@@ -242,21 +290,42 @@ class ResourceServer:
         return self.service.resource.name
 
     def start(self) -> None:
-        """(Re)bind the socket and serve."""
+        """(Re)bind the socket and serve; FrontError (nothing left served) if the front fails."""
         self.stop(grace_s=0)
         self.service.resume()
         self.socket_path.unlink(missing_ok=True)
+        front = self.front
+        bound = self.socket_path if front is None else front.upstream_dir / self.socket_path.name
+        bound.unlink(missing_ok=True)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="dp-grpc")
         )
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.add_insecure_port(f"unix://{bound}")
         server.start()
         # gRPC creates the socket with the process umask; only the kubelet (root) may talk to it.
-        os.chmod(self.socket_path, 0o600)
+        os.chmod(bound, 0o600)
+        self._server, self._bound = server, bound
+        if front is not None:
+            try:
+                front.front.serve(self.socket_path, bound)
+                self.service.publish_to(self._send_table)
+            except FrontError:
+                self.stop(grace_s=0)
+                raise
         st = self.socket_path.stat()
         self.socket_identity = (st.st_dev, st.st_ino)
-        self._server = server
+
+    def _send_table(self, table: AllocateTable) -> None:
+        front = self.front
+        if front is None:
+            return
+        try:
+            front.front.table(self.socket_path, table)
+        except FrontError as exc:
+            # A front that kept an older table would hand out what is no longer allocatable:
+            # it is stopped, and the manager serves this socket itself at its next tick.
+            front.front.fail(f"{self.name}: the Allocate table was not taken: {exc}")
 
     def socket_present(self) -> bool:
         """Whether our socket file is still the one we bound (the kubelet deletes it)."""
@@ -271,7 +340,14 @@ class ResourceServer:
         if self._server is None:
             return
         self.service.stop()
+        if self.front is not None:
+            self.service.publish_to(None)
+            # A front that does not answer is taken out of service by the manager.
+            with contextlib.suppress(FrontError):
+                self.front.front.close(self.socket_path)
         self._server.stop(grace_s).wait(grace_s + 1.0)
+        if self._bound is not None and self._bound != self.socket_path:
+            self._bound.unlink(missing_ok=True)
         if self.socket_present():
             self.socket_path.unlink(missing_ok=True)
-        self._server = None
+        self._server = self._bound = None

@@ -7,7 +7,9 @@ simulator state.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,23 @@ pytest_plugins = ["nodeagent.testing.kube.pytest_plugin"]
 def _isolated_gpu_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("NODEAGENT_SIMULATE", raising=False)
     monkeypatch.setenv("NODEAGENT_SIM_STATE", str(tmp_path / "default-sim-state"))
+
+
+@pytest.fixture(scope="session")
+def front_program() -> Path:
+    """nodeagent-device-plugin-front (`make device-plugin-front`); CI fails without it."""
+    built = subprocess.run(
+        ["bash", str(Path(__file__).parents[1] / "device_plugin/front/build.sh"), "--path"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = Path(built.stdout.strip())
+    if not path.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the device plugin front is missing in CI: .ci/run builds it")
+        pytest.skip("the device plugin front is not built: make device-plugin-front")
+    return path
 
 
 @pytest.fixture

@@ -272,6 +272,11 @@ class DevicePluginSection(Schema):
     dev_root: Path = Field(
         Path("/dev"), description="where the NVIDIA device nodes live on the host"
     )
+    allocate_front: Path | None = Field(
+        None,
+        description="nodeagent-device-plugin-front, to answer Allocate outside Python; "
+        "unset: the agent answers it",
+    )
     fail_on_init_error: bool = Field(
         True, description="False: a node without GPUs idles instead of crashing"
     )

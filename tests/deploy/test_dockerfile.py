@@ -70,21 +70,38 @@ def _stages() -> list[tuple[str, str]]:
 def test_multi_stage_with_a_version_pinned_slim_base() -> None:
     stages = _stages()
     assert len(stages) >= 2, "build and runtime stages"
-    python = [image for image, name in stages if name != "nvml-header"]
+    python = [image for image, name in stages if name not in GO_STAGES]
     for image in python:
         assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", image), image
     assert len(set(python)) == 1, "the library built for the image's Python runs on that Python"
 
 
-def test_the_header_stage_runs_the_go_that_hack_nvidia_asks_for() -> None:
-    (image,) = [image for image, name in _stages() if name == "nvml-header"]
+# Go stages: the module whose go.mod names the Go they need.
+GO_STAGES = {"nvml-header": "hack/nvidia/ctk/go.mod", "front": "device_plugin/front/go.mod"}
+
+
+@pytest.mark.parametrize(("stage", "gomod_path"), GO_STAGES.items())
+def test_the_go_stages_run_the_go_their_modules_ask_for(stage: str, gomod_path: str) -> None:
+    (image,) = [image for image, name in _stages() if name == stage]
     found = re.fullmatch(r"golang:(\d+)\.(\d+)\.(\d+)-\w+", image)
     assert found, f"{image}: a pinned Go image"
-    gomod = (REPO / "hack/nvidia/ctk/go.mod").read_text()
+    gomod = (REPO / gomod_path).read_text()
     wanted = re.search(r"^go (\d+)\.(\d+)(?:\.(\d+))?$", gomod, re.MULTILINE)
     assert wanted is not None
     have = tuple(int(x) for x in found.groups())
     assert have >= tuple(int(x or 0) for x in wanted.groups()), (image, wanted.group(0))
+
+
+def test_the_image_carries_the_allocate_front_and_turns_it_on() -> None:
+    steps = instructions()
+    runs = " ".join(a for w, a in steps if w == "RUN")
+    assert "bash device_plugin/front/build.sh" in runs  # built as `make device-plugin-front` does
+    runtime = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
+    copied = [a for w, a in runtime if w == "COPY" and "--from=front" in a]
+    assert copied == ["--from=front /nodeagent-device-plugin-front /opt/nodeagent/bin/"]
+    env = " ".join(a for w, a in runtime if w == "ENV")
+    front = "/opt/nodeagent/bin/nodeagent-device-plugin-front"
+    assert f"NODEAGENT_DEVICE_PLUGIN_ALLOCATE_FRONT={front}" in env
 
 
 def test_the_image_carries_the_simulated_library_and_names_it() -> None:

@@ -46,11 +46,16 @@ def mps_binary(short_dir: Path) -> Path:
     return mps_control.install(short_dir)
 
 
-@pytest.fixture
+@pytest.fixture(params=["agent", "front"])
 def run_plugin(
-    make_node: Callable[..., GpuNode], short_dir: Path
+    request: pytest.FixtureRequest, make_node: Callable[..., GpuNode], short_dir: Path
 ) -> Iterator[Callable[..., Plugin]]:
-    """Factory: ``run_plugin("dgx-h100", config={...}, mig={0: ["3g.40gb"]})``."""
+    """Factory: ``run_plugin("dgx-h100", config={...}, mig={0: ["3g.40gb"]})``.
+
+    Every test runs twice: with the agent answering Allocate, and with the Allocate front
+    (device_plugin/front) on the kubelet's sockets, as the container image runs it.
+    """
+    front = request.getfixturevalue("front_program") if request.param == "front" else None
     running: list[tuple[Plugin, threading.Event, threading.Thread]] = []
 
     def start(
@@ -68,6 +73,8 @@ def run_plugin(
                 data["device_plugin"].update(value)
             else:
                 data[key] = value
+        if front is not None:
+            data["device_plugin"].setdefault("allocate_front", str(front))
         cfg = make_config(data)
         kubelet = TestKubelet(short_dir / "kubelet")
         if start_kubelet:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nodeagent.config.device_plugin import DeviceListStrategy
+
 KIND = "k8s.device-plugin.nodeagent.io/gpu"
 
 
@@ -104,6 +106,6 @@ def test_a_retired_resource_loses_its_spec_and_other_strategies_write_none(
     assert [p.name for p in spec_dir.iterdir()] == ["k8s.device-plugin.nodeagent.io-gpu_gpu.json"]
     assert f"{KIND}=gpu-{plugin.uuid(0)}" in resolve(spec_dir)
     # The strategy off: the agent's specs go too.
-    off = manager.section.model_copy(update={"device_list_strategy": ("envvar",)})
+    off = manager.section.model_copy(update={"device_list_strategy": (DeviceListStrategy.ENVVAR,)})
     manager.apply(plugin.node.snapshot(), manager.pool, off)
     assert list(spec_dir.iterdir()) == []

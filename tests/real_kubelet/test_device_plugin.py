@@ -8,6 +8,7 @@ every CreateContainer request, so a test sees what a container would have been g
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,6 +62,31 @@ def test_two_gpu_pod_gets_the_preferred_gpus_and_frees_them(
     assert every is not None, f"fakecri: no CreateContainer for pod {kube_ns}/all-gpus"
     assert sorted(_visible(every)) == sorted(free), f"pod {kube_ns}/all-gpus after two-gpus"
     real_node.delete_pod(kube_ns, "all-gpus")
+
+
+def test_the_allocate_front_answers_the_real_kubelet(
+    real_node: RealNode, kube_ns: str, front_program: Path
+) -> None:
+    """As the container image runs the agent: the front on the kubelet's socket, the agent's
+    own server behind it for ListAndWatch and GetPreferredAllocation."""
+    assert real_node.agent is not None
+    log = real_node.agent.component.log_path
+    real_node.reconfigure_agent({"device_plugin": {"allocate_front": str(front_program)}})
+    try:
+        real_node.wait_allocatable(GPU, 8)
+        free = real_node.allocatable_devices()[GPU]
+        expected = real_node.preferred(GPU_SOCKET, free, 2)
+        real_node.run_pod(kube_ns, "through-the-front", {GPU: "2"})
+        request = real_node.container_request(kube_ns, "through-the-front")
+        assert request is not None, f"fakecri: no CreateContainer for {kube_ns}/through-the-front"
+        assert sorted(_visible(request)) == sorted(expected)
+        text = log.read_text(errors="replace")
+        assert f"Allocate front {front_program} started" in text, real_node.agent.log()
+        assert "out of service" not in text, real_node.agent.log()
+        real_node.delete_pod(kube_ns, "through-the-front")
+    finally:
+        real_node.reconfigure_agent({"device_plugin": {"allocate_front": None}})
+    real_node.wait_allocatable(GPU, 8)
 
 
 def test_kubelet_restart_ends_in_registration_and_same_allocatable(

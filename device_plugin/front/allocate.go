@@ -1,0 +1,303 @@
+package main
+
+// Allocate from the agent's table: the same checks, in the same order, with the same messages
+// and the same runtime instructions as device_plugin/allocate.py, which stays the definition
+// (tests/device_plugin/test_front.py holds the two equal on every request it sends).
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+const (
+	visibleDevices  = "NVIDIA_VISIBLE_DEVICES"
+	volumeMountRoot = "/var/run/nvidia-container-devices"
+	mpsPipeEnv      = "CUDA_MPS_PIPE_DIRECTORY"
+	maxIDsShown     = 10
+)
+
+// controlDevices: nvidiactl is always passed, the others if present.
+var controlDevices = []string{"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+
+type device struct {
+	id        string
+	UUID      string  `json:"uuid"`
+	GPUUUID   string  `json:"gpu_uuid"`
+	Shared    bool    `json:"shared"`
+	Strict    bool    `json:"strict"` // shared, and a request of more than one is refused
+	MPS       bool    `json:"mps"`    // its GPU is shared through MPS
+	Unhealthy *string `json:"unhealthy"`
+	Minor     int     `json:"minor"`
+}
+
+type mpsMounts struct {
+	ContainerPipeDir string `json:"container_pipe_dir"`
+	HostPipeDir      string `json:"host_pipe_dir"`
+	HostShmDir       string `json:"host_shm_dir"`
+}
+
+type table struct {
+	Resource            string               `json:"resource"`
+	Devices             map[string]*device   `json:"devices"`
+	VisibleDevicesEnv   bool                 `json:"visible_devices_env"`
+	VolumeMounts        bool                 `json:"volume_mounts"`
+	CDIKind             string               `json:"cdi_kind"`
+	CDIAnnotationPrefix *string              `json:"cdi_annotation_prefix"`
+	CDICRI              bool                 `json:"cdi_cri"`
+	OwnCDINames         map[string]string    `json:"own_cdi_names"` // nil: the cdi strategy is off
+	DevRoot             *string              `json:"dev_root"`      // nil: no device specs
+	MPS                 map[string]mpsMounts `json:"mps"`
+}
+
+func parseTable(data []byte) (*table, error) {
+	var t table
+	if err := json.Unmarshal(data, &t); err != nil {
+		return nil, err
+	}
+	if t.Resource == "" {
+		return nil, fmt.Errorf("no resource")
+	}
+	for id, d := range t.Devices {
+		if d == nil {
+			return nil, fmt.Errorf("device %s: null", id)
+		}
+		d.id = id
+	}
+	return &t, nil
+}
+
+func idList(ids []string) string {
+	if len(ids) <= maxIDsShown {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s (and %d more)", strings.Join(ids[:maxIDsShown], ", "), len(ids)-maxIDsShown)
+}
+
+func refuse(code codes.Code, format string, args ...any) error {
+	err := status.Errorf(code, format, args...)
+	// The agent relays this line into its own log, as it logs its own refusals.
+	fmt.Fprintf(os.Stderr, "Allocate refused: %s\n", status.Convert(err).Message())
+	return err
+}
+
+func (t *table) allocate(in []byte) ([]byte, error) {
+	var req api.AllocateRequest
+	if err := proto.Unmarshal(in, &req); err != nil {
+		return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+	}
+	chosen := make([][]*device, 0, len(req.ContainerRequests))
+	for _, container := range req.ContainerRequests {
+		devices, err := t.validate(container.DevicesIds)
+		if err != nil {
+			return nil, err
+		}
+		chosen = append(chosen, devices)
+	}
+	owners := map[string]int{}
+	var shared []string
+	for n, container := range chosen {
+		for _, d := range container {
+			// An exclusive GPU is one device whatever ID names it; replicas are distinct.
+			key := d.UUID
+			if d.Shared {
+				key = d.id
+			}
+			owner, seen := owners[key]
+			if !seen {
+				owners[key] = n
+			} else if owner != n && !contains(shared, d.id) {
+				shared = append(shared, d.id)
+			}
+		}
+	}
+	if len(shared) > 0 {
+		return nil, refuse(codes.InvalidArgument,
+			"%s: device(s) requested by more than one container of the pod: %s",
+			t.Resource, idList(shared))
+	}
+	response := &api.AllocateResponse{}
+	for _, devices := range chosen {
+		response.ContainerResponses = append(response.ContainerResponses, t.containerResponse(devices))
+	}
+	return proto.Marshal(response)
+}
+
+func (t *table) validate(ids []string) ([]*device, error) {
+	r := t.Resource
+	if len(ids) == 0 {
+		return nil, refuse(codes.InvalidArgument, "%s: no device IDs", r)
+	}
+	counts := map[string]int{}
+	for _, id := range ids {
+		counts[id]++
+	}
+	if len(counts) != len(ids) {
+		var duplicates []string
+		for id, n := range counts {
+			if n > 1 {
+				duplicates = append(duplicates, id)
+			}
+		}
+		sort.Strings(duplicates)
+		return nil, refuse(codes.InvalidArgument,
+			"%s: duplicate device IDs in one container: %s", r, idList(duplicates))
+	}
+	var unknown []string
+	chosen := make([]*device, 0, len(ids))
+	for _, id := range ids {
+		if d, ok := t.Devices[id]; ok {
+			chosen = append(chosen, d)
+		} else {
+			unknown = append(unknown, id)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, refuse(codes.InvalidArgument,
+			"%s: %d unknown device ID(s): %s", r, len(unknown), idList(unknown))
+	}
+	var sick []string
+	for _, d := range chosen {
+		if d.Unhealthy != nil {
+			sick = append(sick, fmt.Sprintf("%s (%s)", d.id, *d.Unhealthy))
+		}
+	}
+	if len(sick) > 0 {
+		detail := strings.Join(sick[:min(len(sick), maxIDsShown)], "; ")
+		if len(sick) > maxIDsShown {
+			detail += fmt.Sprintf(" (and %d more)", len(sick)-maxIDsShown)
+		}
+		return nil, refuse(codes.FailedPrecondition, "%s: unhealthy devices: %s", r, detail)
+	}
+	var strict []string
+	for _, d := range chosen {
+		if d.Strict {
+			strict = append(strict, d.id)
+		}
+	}
+	if len(chosen) > 1 && len(strict) > 0 {
+		return nil, refuse(codes.InvalidArgument,
+			"request for '%s: %d' too large: maximum request size for shared resources is 1 "+
+				"(shared devices: %s)", r, len(chosen), idList(strict))
+	}
+	mpsGPUs := map[string]bool{}
+	gpus := map[string]bool{}
+	for _, d := range chosen {
+		gpus[d.GPUUUID] = true
+		if d.MPS {
+			mpsGPUs[d.GPUUUID] = true
+		}
+	}
+	if len(mpsGPUs) > 0 && (len(mpsGPUs) > 1 || len(gpus) > 1) {
+		names := make([]string, 0, len(mpsGPUs))
+		for g := range mpsGPUs {
+			names = append(names, g)
+		}
+		sort.Strings(names)
+		return nil, refuse(codes.InvalidArgument,
+			"%s: devices %s span several GPUs including MPS GPU(s) %s; a container can reach "+
+				"only one MPS daemon", r, idList(ids), idList(names))
+	}
+	return chosen, nil
+}
+
+func (t *table) containerResponse(chosen []*device) *api.ContainerAllocateResponse {
+	response := &api.ContainerAllocateResponse{Envs: map[string]string{}}
+	uuids := unique(chosen, func(d *device) string { return d.UUID }) // replicas name a GPU once
+	if t.VisibleDevicesEnv {
+		response.Envs[visibleDevices] = strings.Join(uuids, ",")
+	}
+	if t.VolumeMounts {
+		response.Envs[visibleDevices] = volumeMountRoot
+		for _, uuid := range uuids {
+			response.Mounts = append(response.Mounts, &api.Mount{
+				ContainerPath: volumeMountRoot + "/" + uuid, HostPath: "/dev/null", ReadOnly: true,
+			})
+		}
+	}
+	names := make([]string, len(uuids))
+	for i, uuid := range uuids {
+		names[i] = t.CDIKind + "=" + uuid
+	}
+	if t.CDIAnnotationPrefix != nil {
+		digest := sha256.Sum256([]byte(strings.Join(uuids, ",")))
+		key := *t.CDIAnnotationPrefix + "nodeagent-device-plugin_" + hex.EncodeToString(digest[:])[:16]
+		response.Annotations = map[string]string{key: strings.Join(names, ",")}
+	}
+	if t.CDICRI {
+		for _, name := range names {
+			response.CdiDevices = append(response.CdiDevices, &api.CDIDevice{Name: name})
+		}
+	}
+	if t.OwnCDINames != nil {
+		for _, uuid := range uuids {
+			response.CdiDevices = append(response.CdiDevices, &api.CDIDevice{Name: t.OwnCDINames[uuid]})
+		}
+	}
+	if t.DevRoot != nil {
+		t.addDeviceSpecs(response, chosen, *t.DevRoot)
+	}
+	for _, gpu := range unique(chosen, func(d *device) string { return d.GPUUUID }) {
+		paths, ok := t.MPS[gpu]
+		if !ok {
+			continue
+		}
+		if t.OwnCDINames == nil { // the agent's CDI device mounts the pipe and sets the env itself
+			response.Envs[mpsPipeEnv] = paths.ContainerPipeDir
+			response.Mounts = append(response.Mounts, &api.Mount{
+				ContainerPath: paths.ContainerPipeDir, HostPath: paths.HostPipeDir,
+			})
+		}
+		response.Mounts = append(response.Mounts, &api.Mount{
+			ContainerPath: "/dev/shm", HostPath: paths.HostShmDir,
+		})
+	}
+	return response
+}
+
+func (t *table) addDeviceSpecs(response *api.ContainerAllocateResponse, chosen []*device, devRoot string) {
+	paths := unique(chosen, func(d *device) string { return fmt.Sprintf("nvidia%d", d.Minor) })
+	paths = append(paths, controlDevices[0])
+	for _, name := range controlDevices[1:] {
+		if _, err := os.Stat(filepath.Join(devRoot, name)); err == nil {
+			paths = append(paths, name)
+		}
+	}
+	for _, name := range paths {
+		response.Devices = append(response.Devices, &api.DeviceSpec{
+			ContainerPath: "/dev/" + name, HostPath: filepath.Join(devRoot, name), Permissions: "rw",
+		})
+	}
+}
+
+// unique is key of each device, first appearance first.
+func unique(devices []*device, key func(*device) string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, d := range devices {
+		if k := key(d); !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
