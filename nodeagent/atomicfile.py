@@ -16,6 +16,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -110,6 +111,25 @@ def _is_dir_error(path: Path, verb: str) -> StateFileError:
     )
 
 
+def _replaceable(path: Path) -> None:
+    """Raise unless a rename may replace ``path``: missing, or a regular file.
+
+    The rename replaces whatever the path names: a directory fails late, and a device node, a
+    socket or a pipe (``-o /dev/null`` run as root) would be replaced by a plain file.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StateFileError(path, "write", exc) from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise _is_dir_error(path, "write")
+    if not stat.S_ISREG(st.st_mode):
+        error = OSError(errno.EINVAL, "it is not a regular file (a device, socket or pipe)")
+        raise StateFileError(path, "write", error)
+
+
 def read_json(path: Path) -> Any | None:
     """The JSON in ``path``, or ``None`` when it does not exist.
 
@@ -180,8 +200,7 @@ def write_json_atomic(
         StateFileError: it cannot be written (full disk, ``path`` a directory, no permission);
             the previous file is left as it was and no temporary file is left behind.
     """
-    if path.is_dir():  # os.replace would say so too, but only after writing the whole file
-        raise _is_dir_error(path, "write")
+    _replaceable(path)  # os.replace would refuse a directory only after the whole write
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -230,8 +249,7 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None
         StateFileError: the directory is missing or not writable, ``path`` is a directory, the
             disk is full; nothing is left behind (the temporary file is removed).
     """
-    if path.is_dir():
-        raise _is_dir_error(path, "write")
+    _replaceable(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:

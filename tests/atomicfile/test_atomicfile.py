@@ -7,6 +7,7 @@ Every state file of the agent goes through :mod:`nodeagent.atomicfile`; its cons
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,21 @@ def test_a_directory_in_the_files_place_is_one_state_file_error(tmp_path: Path) 
         assert "\n" not in str(caught.value)
     assert path.is_dir()
     assert list(path.iterdir()) == [], "nothing was written into it"
+
+
+def test_a_device_or_pipe_in_the_files_place_is_refused_not_replaced(tmp_path: Path) -> None:
+    # A rename would replace the node itself: `-o /dev/null`, run as root, would leave a plain
+    # file where every program expects the null device.
+    pipe = tmp_path / "out.yaml"
+    os.mkfifo(pipe)
+    for attempt in (lambda: write_text_atomic(pipe, "x"), lambda: write_json_atomic(pipe, {})):
+        with pytest.raises(StateFileError) as caught:
+            attempt()
+        assert str(caught.value) == (
+            f"cannot write {pipe}: it is not a regular file (a device, socket or pipe)"
+        )
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"], "no temporary file left"
 
 
 def test_a_text_write_replaces_the_file_whole_with_the_mode_asked(tmp_path: Path) -> None:
