@@ -6,7 +6,10 @@ Needs root (NVIDIA's plugin runs in ``nodeagent sim exec --driver``, a private m
 and ``make nvidia-peers libnvml``. Each plugin runs in a process of its own and registers with
 its own test kubelet (nodeagent/testing/kubelet.py): NVIDIA's k8s-device-plugin, and
 ``nodeagent run`` (sampler, health and device plugin; metrics off, short recovery
-periods so that recovery fits in the run). Both run at the same time on the same simulated
+periods so that recovery fits in the run) with its Allocate front, as the container image runs
+it (``make device-plugin-front``; its CPU and RSS are counted with the agent's). A second
+``nodeagent run`` without the front, answering Allocate in Python, takes part in the latency
+calls only. Both run at the same time on the same simulated
 node, and every measure is taken of both in the same window, so that what else the machine
 does falls on both alike:
 
@@ -122,11 +125,14 @@ def peers() -> Path:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+    """The children of every thread of ``pid`` (the agent starts its front from a worker)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found.extend(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
 
 
 def _find(root: int, exe_name: str, timeout_s: float = 30) -> int:
@@ -185,11 +191,12 @@ def nvidia(bin_dir: Path, env: dict[str, str], directory: Path) -> Iterator[Runn
 
 
 @contextmanager
-def nodeagent(env: dict[str, str], directory: Path) -> Iterator[Running]:
-    """``nodeagent run`` on the same simulated node (its state directory comes from ``env``)."""
+def nodeagent(env: dict[str, str], directory: Path, front: Path | None) -> Iterator[Running]:
+    """``nodeagent run`` on the same simulated node (its state directory comes from ``env``),
+    with the Allocate front as the container image runs it, or (None) answering Allocate itself."""
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "agent.yaml"
-    config.write_text(AGENT_CONFIG)
+    config.write_text(AGENT_CONFIG + (f"  allocate_front: {front}\n" if front else ""))
     argv = [
         sys.executable,
         "-m",
@@ -204,8 +211,23 @@ def nodeagent(env: dict[str, str], directory: Path) -> Iterator[Running]:
         "--mig-lock-file",
         str(directory / "mig.lock"),
     ]
-    with _serving("nodeagent", directory, argv, env, None) as running:
+    name = "nodeagent" if front else "nodeagent, Allocate in Python"
+    with _serving(name, directory, argv, env, None) as running:
         yield running
+
+
+def front_program() -> Path:
+    """nodeagent-device-plugin-front, built by ``make device-plugin-front``."""
+    out = subprocess.run(
+        ["bash", str(REPO / "device_plugin/front/build.sh"), "--path"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    program = Path(out.stdout.strip())
+    if not program.is_file():
+        die("the Allocate front is not built; run make device-plugin-front")
+    return program
 
 
 # The floor's server: grpcio's sync server as device_plugin/server.py builds it, one generic
@@ -365,16 +387,37 @@ class Usage:
     rss_peak_mib: float
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (nodeagent's Allocate front is its child)."""
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(_children(found[-1]))
+    return found
+
+
 def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    """utime + stime of ``pid`` and its children now (fields 14 and 15 of stat)."""
+    total = 0
+    for each in _tree(pid):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
 
 
 def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    """VmRSS of ``pid`` and its children."""
+    total = 0
+    for each in _tree(pid):
+        try:
+            lines = Path(f"/proc/{each}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in lines if line.startswith("VmRSS:"))
+    return total
 
 
 def usage(
@@ -510,15 +553,26 @@ class Measured:
     storm: Usage
 
 
+@dataclass
+class Latencies:
+    """p50 / p99 of nodeagent answering Allocate in Python, and of the floor's Allocate."""
+
+    python_allocate: tuple[float, float]
+    python_preferred: tuple[float, float]
+    floor: tuple[float, float]
+
+
 def measure(
     runs: list[Running],
+    timed: Running,
     floor: api_pb2_grpc.DevicePluginStub,
     control: SimControl,
     uuids: list[str],
     args: argparse.Namespace,
-) -> tuple[list[Measured], tuple[float, float]]:
-    """Every measure, of all ``runs`` in the same window, and the floor's Allocate p50 / p99."""
-    calls = latency(runs, floor, args.calls, random.Random(1))
+) -> tuple[list[Measured], Latencies]:
+    """Every measure, of all ``runs`` in the same window; the latencies of ``timed`` (in the
+    same calls) and of the floor."""
+    calls = latency([*runs, timed], floor, args.calls, random.Random(1))
     times = calls.runs
     pids = [run.pid for run in runs]
     idle = usage(pids, args.idle_s, None)
@@ -547,7 +601,12 @@ def measure(
         )
         for i in range(len(runs))
     ]
-    return measured, quantiles_ms(calls.floor)
+    extra = calls.runs[len(runs)]
+    return measured, Latencies(
+        quantiles_ms(extra["Allocate"]),
+        quantiles_ms(extra["GetPreferredAllocation"]),
+        quantiles_ms(calls.floor),
+    )
 
 
 def _ratio(ours: float, theirs: float) -> str:
@@ -565,11 +624,12 @@ def _s(value: float | None, never: str) -> str:
 def report(
     a: Measured,
     b: Measured,
-    floor: tuple[float, float],
+    extra: Latencies,
     cdi: tuple[float, float],
     args: argparse.Namespace,
 ) -> None:
-    """The table: NVIDIA's plugin (a), nodeagent (b), and their ratio; the grpcio floor."""
+    """The table: NVIDIA's plugin (a), nodeagent with its Allocate front (b), and their ratio;
+    nodeagent answering Allocate in Python, and the grpcio floor."""
     print(
         f"preset {args.preset}, {args.calls} calls each, interleaved; both plugins at once on one"
     )
@@ -579,15 +639,17 @@ def report(
     print("|---|---|---|---|")
     for name, x, y in (
         ("Allocate", a.allocate, b.allocate),
+        (
+            "Allocate, nodeagent answering it in Python (no front)",
+            a.allocate,
+            extra.python_allocate,
+        ),
+        ("Allocate, a bare grpcio server answering fixed bytes", a.allocate, extra.floor),
         ("GetPreferredAllocation", a.preferred, b.preferred),
+        ("GetPreferredAllocation, no front", a.preferred, extra.python_preferred),
     ):
-        print(f"| {name} p50 / p99 | {_ms(x)} | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |")
-        if name == "Allocate":
-            x, y = a.allocate, floor
-            print(
-                f"| Allocate p50 / p99, a bare grpcio server answering fixed bytes (the floor "
-                f"under nodeagent's) | | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |"
-            )
+        theirs = _ms(x) if "," not in name else ""
+        print(f"| {name} p50 / p99 | {theirs} | {_ms(y)} | {y[0] / x[0]:.2f} / {y[1] / x[1]:.2f} |")
 
     def xids(rounds: list[XidResult], what: str, limit_s: float) -> str:
         values = [getattr(r, what) for r in rounds]
@@ -651,16 +713,18 @@ def main() -> None:
         uuids = gpu_uuids(env)
         if not 0 <= args.xid_gpu < len(uuids):
             die(f"--xid-gpu {args.xid_gpu}: {args.preset} has GPUs 0-{len(uuids) - 1}")
+        front = front_program()
         with (
             nvidia(bin_dir, env, work / "nvidia") as theirs_running,
-            nodeagent(env, work / "nodeagent") as ours_running,
+            nodeagent(env, work / "nodeagent", front) as ours_running,
+            nodeagent(env, work / "nodeagent-python", None) as python_running,
             floor_server(work / "floor", floor_answer(ours_running)) as floor,
         ):
-            (theirs, ours), floor_ms = measure(
-                [theirs_running, ours_running], floor, control, uuids, args
+            (theirs, ours), extra = measure(
+                [theirs_running, ours_running], python_running, floor, control, uuids, args
             )
         cdi = cdi_times(bin_dir, env, work, args.cdi_runs)
-    report(theirs, ours, floor_ms, cdi, args)
+    report(theirs, ours, extra, cdi, args)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,15 @@ func serve(path, upstream string) (*socket, error) {
 		return nil, err
 	}
 	s := &socket{path: path, identity: [2]uint64{st.Dev, st.Ino}, upstream: conn}
-	s.server = grpc.NewServer(grpc.ForceServerCodec(raw{}), grpc.UnknownServiceHandler(s.handle))
+	s.server = grpc.NewServer(grpc.ForceServerCodec(raw{}), grpc.UnknownServiceHandler(s.forward))
+	// Allocate as a unary method, so its answer goes out in one write (headers, message and
+	// status together), as a generated server's does; every other method falls through to
+	// forward, which gRPC gives the methods of a service it does not know in full.
+	s.server.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "v1beta1.DevicePlugin",
+		HandlerType: (*any)(nil),
+		Methods:     []grpc.MethodDesc{{MethodName: "Allocate", Handler: s.allocate}},
+	}, s)
 	go s.server.Serve(listener) //nolint:errcheck // ends when close stops the server
 	return s, nil
 }
@@ -82,25 +90,32 @@ func (s *socket) close() {
 	}
 }
 
-func (s *socket) handle(_ any, stream grpc.ServerStream) error {
-	method, _ := grpc.MethodFromServerStream(stream)
-	if t := s.table.Load(); t != nil && method == allocateMethod {
-		var in []byte
-		if err := stream.RecvMsg(&in); err != nil {
-			return err
-		}
-		out, err := t.allocate(in)
-		if err != nil {
-			return err
-		}
-		return stream.SendMsg(&out)
+// allocate answers from the table, or, before the agent has sent one, passes the call on.
+func (s *socket) allocate(_ any, ctx context.Context, decode func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+	var in []byte
+	if err := decode(&in); err != nil {
+		return nil, err
 	}
-	return s.forward(stream, method)
+	var out []byte
+	var err error
+	if t := s.table.Load(); t != nil {
+		out, err = t.allocate(in)
+	} else {
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			ctx = metadata.NewOutgoingContext(ctx, md)
+		}
+		err = s.upstream.Invoke(ctx, allocateMethod, &in, &out)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // forward relays one call, unary or streaming, to the agent's server and its answer back:
 // messages, headers, trailers and the final status as they are.
-func (s *socket) forward(down grpc.ServerStream, method string) error {
+func (s *socket) forward(_ any, down grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(down)
 	ctx, cancel := context.WithCancel(down.Context())
 	defer cancel()
 	if md, ok := metadata.FromIncomingContext(down.Context()); ok {

@@ -7,6 +7,7 @@ of cause and one line of hint on stderr, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -68,6 +69,14 @@ AgentStateDirOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def finite(value: float | None) -> float | None:
+    """Typer callback for a number of seconds: ``nan`` and ``inf`` pass every range check and
+    then hang a wait or break a clock, so they are refused here."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
 
 
 def fail(cause: str, hint: str, code: int = EXIT_USAGE) -> NoReturn:

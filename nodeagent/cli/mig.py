@@ -30,6 +30,7 @@ from nodeagent.cli.common import (
     emit_json,
     fail,
     fail_config,
+    finite,
     load_config_or_exit,
     open_node_or_exit,
     print_table,
@@ -480,6 +481,7 @@ def apply(
         typer.Option(
             "--lock-timeout",
             min=0.0,
+            callback=finite,
             help="Seconds to wait for another MIG apply on this node to finish.",
         ),
     ] = 30.0,

@@ -30,7 +30,7 @@ from nodeagent.sim.ops import (
     PCIE_REPLAY_BURST,
 )
 from nodeagent.sim.presets import PRESETS
-from nodeagent.sim.state import default_state_dir
+from nodeagent.sim.state import SimStateError, default_state_dir
 
 app = typer.Typer(
     name="sim",
@@ -54,6 +54,8 @@ def _sim_refusal_fails() -> Iterator[None]:
         yield
     except SimError as exc:
         fail(str(exc), exc.hint)
+    except SimStateError as exc:  # the state directory itself cannot be used
+        fail(str(exc), "")
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from nodeagent.cli.common import (
     agent_state_dir,
     emit_json,
     fail,
+    finite,
     format_table,
     gib,
     open_node_or_exit,
@@ -117,7 +118,13 @@ def render(snapshot: NodeSnapshot, status: dict[str, Any] | None, running: bool 
 def status(
     watch: Annotated[
         float | None,
-        typer.Option("--watch", "-w", help="Redraw every this many seconds until Ctrl-C."),
+        typer.Option(
+            "--watch",
+            "-w",
+            min=0.1,
+            callback=finite,
+            help="Redraw every this many seconds until Ctrl-C.",
+        ),
     ] = None,
     as_json: JsonOption = False,
     simulate: SimulateOption = None,

@@ -309,7 +309,7 @@ def report_command(
     from nodeagent_tiering.review.render import TABLE_HEADERS, render_html, table_rows
 
     try:
-        period_s = parse_duration(since) if since is not None else period_days * 86400
+        period_s = parse_duration(since if since is not None else f"{period_days}d")
         step_s = parse_duration(prometheus_step)
     except ValueError as exc:
         fail(str(exc), "durations look like 30d, 12h, 90m or 45s")

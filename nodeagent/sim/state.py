@@ -207,7 +207,17 @@ class StateStore:
         if self._file_lock is None:
             from filelock import FileLock
 
-            self._file_lock = FileLock(str(self.state_dir / LOCK_FILE))
+            path = self.state_dir / LOCK_FILE
+            # filelock retries a lock file it cannot create (a directory under /proc, no
+            # permission) forever: find out first, and say so.
+            try:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+            except OSError as exc:
+                raise SimStateError(
+                    f"cannot use {self.state_dir} for the simulated node: its lock file cannot "
+                    f"be created ({exc.strerror}); pass --state-dir a writable directory"
+                ) from None
+            self._file_lock = FileLock(str(path))
         return self._file_lock
 
     # --- reading ------------------------------------------------------------------------------
@@ -280,12 +290,22 @@ class StateStore:
         if not preset_name:
             raise SimStateError(f"no simulated node in {self.state_dir} and no preset to seed it")
         presets.get_preset(preset_name)  # fail before taking the lock on a bad name
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         with self._lock:
             if not self.path.exists():
                 self._write(new_state(preset_name, self.clock()))
                 self._write_host(presets.get_preset(preset_name))
         return self.read()
+
+    def _make_dir(self) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            what = "a file is in its place" if isinstance(exc, FileExistsError) else exc.strerror
+            raise SimStateError(
+                f"cannot create the simulated node's directory {self.state_dir}: {what}; pass "
+                "--state-dir a writable directory"
+            ) from None
 
     def _write_host(self, preset: presets.Preset) -> None:
         """The simulated host's files (DMI product name, PCI classes) under ``host/``, for the
@@ -311,7 +331,7 @@ class StateStore:
 
     def replace(self, state: State) -> None:
         """Overwrite the node with ``state`` (used by reset) and its host files (its preset's)."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         with self._lock:
             self._write(state)
             preset = presets.PRESETS.get(str(state.get("preset")))

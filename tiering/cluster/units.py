@@ -101,6 +101,7 @@ def micro_time(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+MAX_DURATION_S = 3650 * 86400.0  # past this a date before it is out of any calendar's range
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -119,4 +120,6 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration") from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than the 10 years a duration may span")
     return seconds
