@@ -16,6 +16,7 @@ from nodeagent.agent.supervisor import Supervisor
 from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import AgentConfig, check_gpu_indices, load_agent_config
 from nodeagent.gpu.node import GpuNode
+from nodeagent.kube.node_patcher import KubeUnavailableError
 from nodeagent.runtime.component import Component, Preparable, Reloadable
 from nodeagent.runtime.lock import AGENT_LOCK_FILE, LockHeldError, ProcessLock
 from nodeagent.runtime.snapshots import SnapshotStore
@@ -156,6 +157,11 @@ class Agent:
             self.components = list(wired.components)
             self._reloadables = wired.reloadables
             self._prepare()
+        except KubeUnavailableError as exc:  # kubernetes.enabled, and no usable credentials
+            self._release()
+            raise StartupError(
+                str(exc), "or set kubernetes.enabled: false to run without the API server"
+            ) from None
         except BaseException:
             self._release()
             raise

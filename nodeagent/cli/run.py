@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,15 @@ from nodeagent.cli.common import (
 )
 from nodeagent.config.errors import ConfigError
 from nodeagent.config.schema import check_gpu_indices, load_agent_config
+
+
+class LogLevel(StrEnum):
+    """The agent's log levels (a typo must not quietly mean info)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
 
 
 def run(
@@ -51,12 +61,13 @@ def run(
     ] = None,
     mig_lock: MigLockOption = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", envvar="NODEAGENT_LOG_LEVEL", help="debug|info|warning")
-    ] = "info",
+        LogLevel,
+        typer.Option("--log-level", envvar="NODEAGENT_LOG_LEVEL", case_sensitive=False),
+    ] = LogLevel.INFO,
 ) -> None:
     """Run the agent: sampler, MIG reconciler, health, device plugin and metrics."""
     logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
+        level=getattr(logging, log_level.value.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -24,7 +24,8 @@ from kubernetes import client, config
 
 
 class NoCredentialsError(Exception):
-    """No source of credentials applies (the message names what was looked for)."""
+    """No source of credentials applies, or the one that does cannot be used (the message
+    names what was looked for, or the file and what is wrong with it)."""
 
 
 def configuration(
@@ -40,8 +41,7 @@ def configuration(
     ``environ`` and ``home`` default to the process's; tests pass their own.
 
     Raises:
-        NoCredentialsError: none applies.
-        kubernetes.config.ConfigException: the chosen kubeconfig is unreadable or invalid.
+        NoCredentialsError: none applies, or the chosen kubeconfig is unreadable or invalid.
     """
     env = os.environ if environ is None else environ
     cfg = client.Configuration()
@@ -85,9 +85,17 @@ def _load_kubeconfig(files: str, cfg: client.Configuration) -> None:
     # The client merges a colon-separated list as kubectl does for clusters, users and
     # contexts (the first file naming one wins) but takes the *last* current-context; kubectl
     # takes the first, so it is named here.
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=files, context=_first_current_context(files), client_configuration=cfg
-    )
+    try:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=files, context=_first_current_context(files), client_configuration=cfg
+        )
+    except config.ConfigException as exc:
+        raise NoCredentialsError(f"kubeconfig {files} cannot be used: {exc}") from None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, yaml.YAMLError) as exc:
+        # The client reads any YAML as a kubeconfig; a file of another shape fails inside it.
+        raise NoCredentialsError(
+            f"kubeconfig {files} cannot be used: not a kubeconfig ({type(exc).__name__})"
+        ) from None
 
 
 def _first_current_context(files: str) -> str | None:

@@ -215,3 +215,21 @@ def test_a_bad_layout_file_leaves_the_agent_ready(make_node, tmp_path: Path) -> 
         assert agent.restarts["mig-reconciler"] == 0  # reported, not crash-looping
     finally:
         agent.shutdown()
+
+
+def test_kubernetes_on_without_usable_credentials_is_one_line(tmp_path: Path) -> None:
+    garbage = tmp_path / "kubeconfig"
+    garbage.write_text("garbage\n")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "version: v1\nmetrics: {enabled: false}\nmig: {enabled: false}\n"
+        f"device_plugin: {{kubelet_dir: '{tmp_path / 'kubelet'}'}}\n"
+        f"kubernetes: {{enabled: true, kubeconfig: '{garbage}'}}\n"
+    )
+    result = run_agent(config, tmp_path / "sim", tmp_path / "state")
+    assert result.returncode == 2, result.stderr
+    assert one_error_line(result.stderr) == (
+        f"error: kubeconfig {garbage} cannot be used: not a kubeconfig (TypeError); "
+        "set kubernetes.kubeconfig or kubernetes.api_server"
+    )
+    assert "hint: or set kubernetes.enabled: false" in result.stderr

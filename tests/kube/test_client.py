@@ -82,3 +82,24 @@ def test_asking_for_in_cluster_outside_a_pod_fails_even_with_a_kubeconfig_around
 def test_the_client_carries_the_retries_asked_for(tmp_path: Path) -> None:
     given = kubeconfig(tmp_path / "given.yaml", "https://given:6443", "given")
     assert api_client(kubeconfig=given, retries=0).configuration.retries == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        pytest.param(None, "cannot be used: Invalid kube-config file", id="missing"),
+        pytest.param("garbage\n", "cannot be used: not a kubeconfig (TypeError)", id="a-word"),
+        pytest.param("[1, 2]\n", "cannot be used: not a kubeconfig", id="a-list"),
+        pytest.param("apiVersion: v1\nkind: Config\n", "cannot be used:", id="no-context"),
+    ],
+)
+def test_a_kubeconfig_that_cannot_be_used_is_one_error_naming_it(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(NoCredentialsError) as caught:
+        configuration(kubeconfig=path, environ={}, home=tmp_path)
+    assert str(caught.value).startswith(f"kubeconfig {path} {says}"), str(caught.value)
+    assert "\n" not in str(caught.value)

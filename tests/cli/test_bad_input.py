@@ -1,0 +1,67 @@
+"""Bad input found by a sweep of every command: each is one line and exit 2, never a traceback
+or a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def nodeagent(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "nodeagent.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,  # a hang is the bug
+        check=False,
+    )
+
+
+def test_a_state_dir_that_cannot_hold_the_lock_or_is_a_file(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for state_dir, says in (
+        ("/proc/self", "cannot use /proc/self for the simulated node: its lock file cannot be"),
+        (str(a_file), f"cannot create the simulated node's directory {a_file}: a file is in"),
+    ):
+        for command in (["gpus"], ["sim", "reset"]):
+            result = nodeagent(*command, "--simulate", "t4", "--state-dir", state_dir)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.startswith(f"error: {says}"), result.stderr
+            assert "Traceback" not in result.stderr
+    assert a_file.read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(["status", "--watch", "nan"], "nan is not a finite number", id="watch-nan"),
+        pytest.param(["status", "--watch", "inf"], "inf is not a finite number", id="watch-inf"),
+        pytest.param(
+            ["mig", "apply", "-c", "all-1g.10gb", "--yes", "--lock-timeout", "nan"],
+            "nan is not a finite number",
+            id="lock-timeout-nan",
+        ),
+        pytest.param(["run", "--log-level", "bogus"], "'bogus'", id="log-level"),
+    ],
+)
+def test_numbers_and_names_options_refuse(tmp_path: Path, args: list[str], says: str) -> None:
+    result = nodeagent(*args, "--simulate", "dgx-h100", "--state-dir", str(tmp_path / "sim"))
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_review_period_past_any_calendar_is_refused() -> None:
+    # Refused before any connection is made: the server named is never reached.
+    result = nodeagent("tiering", "report", "--server", "http://127.0.0.1:9", "--since", "9999999d")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        "error: '9999999d' is longer than the 10 years a duration may span"
+    )
