@@ -8,10 +8,11 @@ a stopped agent is visible as a stale file rather than a healthy node.
 from __future__ import annotations
 
 import os
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.atomicfile import read_json, write_json_atomic
+from nodeagent.atomicfile import first_problem, read_json, write_json_atomic
 
 if TYPE_CHECKING:  # readers of the file (`nodeagent status`) need not load the model
     from nodeagent.health.model import NodeHealth
@@ -20,6 +21,7 @@ STATUS_VERSION = 1
 HEALTH_DIR = "health"
 STATUS_FILE = "status.json"
 HISTORY_FILE = "history.json"
+MAX_TIME_S = 1e11  # seconds since 1970 past year 5000: a damaged file, not a time
 
 
 def status_path(state_dir: Path) -> Path:
@@ -106,4 +108,55 @@ def read_status(state_dir: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or data.get("version") != STATUS_VERSION:
         raise ValueError(f"{path}: unknown health status version; upgrade nodeagent")
+    from pydantic import ValidationError
+
+    try:
+        _status_schema().validate_python(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {first_problem(exc)}") from None
     return data
+
+
+@cache
+def _status_schema() -> Any:
+    """What :func:`to_json` writes, as readers rely on it (a damaged file is named, not a
+    traceback); extra keys are allowed, so an older reader takes a newer writer's file."""
+    from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+    class Shape(BaseModel):
+        model_config = ConfigDict(extra="allow", strict=True)
+
+    class Stability(Shape):
+        level: str
+        score: float
+        flapping: bool
+        transitions_in_window: int
+
+    class Device(Shape):
+        uuid: str
+        gpu: int
+        parent: str | None = None
+        state: str
+        reasons: list[str]
+        action: str | None = None
+        since_s: float | None = Field(None, ge=0, le=MAX_TIME_S)
+
+    class Xid(Shape):
+        uuid: str
+        xid: int
+        count: int
+        last_s: float | None = Field(None, ge=0, le=MAX_TIME_S)
+
+    class Status(Shape):
+        node: str
+        pid: int
+        timestamp_s: float = Field(ge=0, le=MAX_TIME_S)
+        stability: Stability
+        health: str
+        driver_version: str | None = None
+        reasons: list[str]
+        devices: list[Device]
+        events_total: dict[str, int]
+        xids_total: list[Xid]
+
+    return TypeAdapter(Status)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from nodeagent.sim.control import SimControl
 from tests.cli.test_inventory_cli import nodeagent
 
@@ -63,3 +65,55 @@ def test_status_with_a_directory_for_the_health_file_shows_health_unknown(
     assert [g["health"] for g in json.loads(result.stdout)["gpus"]] == ["unknown"]
     assert "it is a directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _status(**change: object) -> dict[str, object]:
+    """A health state file as the agent writes it (nodeagent.health.statefile.to_json)."""
+    device = {"uuid": "GPU-1", "gpu": 0, "parent": None, "state": "healthy", "reasons": [],
+              "action": None, "since_s": 1.0}  # fmt: skip
+    return {
+        "version": 1, "node": "n", "pid": 1, "timestamp_s": 1.0,
+        "stability": {"level": "stable", "score": 10.0, "flapping": False,
+                      "transitions_in_window": 0},
+        "health": "healthy", "driver_version": "550", "reasons": [], "devices": [device],
+        "events_total": {}, "xids_total": [],
+    } | change  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"devices": "x"}, "devices"),
+        ({"devices": None}, "devices"),
+        ({"stability": None}, "stability"),
+        ({"stability": {"level": 5}}, "stability.level"),
+        ({"timestamp_s": "x"}, "timestamp_s"),
+        ({"timestamp_s": 1e300}, "timestamp_s"),
+        ({"node": None}, "node"),
+    ],
+)
+def test_a_health_state_file_of_the_wrong_shape_is_named(
+    tmp_path: Path, change: dict[str, object], field: str
+) -> None:
+    agent = tmp_path / "agent"
+    status = agent / "health" / "status.json"
+    status.parent.mkdir(parents=True)
+    status.write_text(json.dumps(_status(**change)))
+    result = nodeagent("health", "--agent-state-dir", str(agent))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {status}: {field}"), result.stderr
+    shown = nodeagent(
+        "status", "--json", "--simulate", "t4", "--state-dir", str(tmp_path / "sim"),
+        "--agent-state-dir", str(agent),
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert [g["health"] for g in json.loads(shown.stdout)["gpus"]] == ["unknown"]
+
+
+def test_a_health_state_file_as_written_is_read(tmp_path: Path) -> None:
+    status = tmp_path / "health" / "status.json"
+    status.parent.mkdir(parents=True)
+    status.write_text(json.dumps(_status()))
+    result = nodeagent("health", "--json", "--agent-state-dir", str(tmp_path))
+    assert "Traceback" not in result.stderr
+    assert f"{status}:" not in result.stderr
