@@ -61,10 +61,13 @@ def install_systemd(
     layout = Layout(root=root, binary=binary)
     try:
         result = install(layout, simulate=simulate)
-    except FileNotFoundError as exc:
-        fail(str(exc), "install nodeagent from a source checkout or a wheel that ships them")
     except PermissionError as exc:
         fail(f"{exc.strerror}: {exc.filename}", "run as root, or pass --root DIR to rehearse")
+    except OSError as exc:
+        if exc.filename is None:  # the package's own unit files are missing
+            fail(str(exc), "install nodeagent from a source checkout or a wheel that ships them")
+        what = "a file is in its place" if isinstance(exc, FileExistsError) else exc.strerror
+        fail(f"cannot create {exc.filename}: {what}", "pass --root a directory it can write")
     if as_json:
         emit_json(
             {

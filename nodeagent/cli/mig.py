@@ -11,6 +11,7 @@ agent read the layout from one place.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -846,6 +847,11 @@ def export(
     """The current layout as a v1 file that `apply` accepts (applying it changes nothing)."""
     from nodeagent_mig.config import GpuTarget, parse_config, render_config
 
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        fail(
+            f"-c {name!r} cannot name a layout",
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit",
+        )
     node = open_node_or_exit(simulate, state_dir)
     targets = []
     lost: dict[int, str] = {}

@@ -328,5 +328,9 @@ def driver_root_cmd(
     from nodeagent.sim.libnvml import node as libnvml_node
 
     with _driver_refusal_fails():
-        libnvml_node.driver_root(directory, control.store.state_dir)
+        try:
+            libnvml_node.driver_root(directory, control.store.state_dir)
+        except OSError as exc:  # where the driver root goes cannot hold it
+            what = "a part of it is a file" if isinstance(exc, NotADirectoryError) else exc.strerror
+            fail(f"cannot write {exc.filename}: {what}", "name a directory that can be written")
     sys.stdout.write(f"{directory}\n")

@@ -242,10 +242,12 @@ def run_command(
         raise typer.Exit(EXIT_OK)
     host, port = None, None
     if metrics_address:
-        host, _, raw_port = metrics_address.rpartition(":")
-        if not raw_port.isdigit():
-            fail(f"--metrics-address {metrics_address!r} is not HOST:PORT", "e.g. 0.0.0.0:9402")
-        port = int(raw_port)
+        from nodeagent_exporters.server import parse_address  # the one HOST:PORT parser
+
+        try:
+            host, port = parse_address(metrics_address)
+        except ValueError as exc:
+            fail(str(exc), "pass --metrics-address HOST:PORT, e.g. 0.0.0.0:9402")
     tiering.serve(service, host, port)
 
 

@@ -65,3 +65,24 @@ def test_a_review_period_past_any_calendar_is_refused() -> None:
     assert result.stderr.splitlines()[0] == (
         "error: '9999999d' is longer than the 10 years a duration may span"
     )
+
+
+def test_paths_that_cannot_hold_what_is_written_are_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "root" / "etc" / "systemd").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "systemd" / "system").write_text("x")
+    sim = ["--simulate", "t4", "--state-dir", str(tmp_path / "sim")]
+    for args, says in (
+        (["sim", "driver-root", str(a_file), *sim], f"cannot write {a_file}/"),
+        (
+            ["install-systemd", "--root", str(tmp_path / "root")],
+            f"cannot create {tmp_path}/root/etc/systemd/system: a file is in its place",
+        ),
+        (["mig", "export", "-c", "", *sim], "-c '' cannot name a layout"),
+    ):
+        result = nodeagent(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith(f"error: {says}"), result.stderr
+        assert "Traceback" not in result.stderr
+    assert a_file.read_text() == "x"
