@@ -19,12 +19,13 @@ depends on the node (profiles the GPU model offers, counts, placements, selector
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from nodeagent.capacity import rank_order
 from nodeagent.config.errors import ConfigError, FieldError, FieldPath, Problem, dotted
@@ -157,6 +158,32 @@ class Hook(Schema):
     args: tuple[str, ...] = ()
     envs: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
+
+    # What the operating system refuses only when the hook runs, refused when the file is read.
+    @field_validator("command", "workdir")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _no_nul_in_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        for n, arg in enumerate(args):
+            if "\0" in arg:
+                raise ValueError(f"argument {n} contains a NUL character")
+        return args
+
+    @field_validator("envs")
+    @classmethod
+    def _env_names(cls, envs: dict[str, str]) -> dict[str, str]:
+        for name, value in envs.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if "\0" in value:
+                raise ValueError(f"the value of {name} contains a NUL character")
+        return envs
 
 
 class HookLists(Schema):

@@ -335,3 +335,19 @@ def test_hooks_errors() -> None:
         "hooks.yaml:3: hooks.before-apply: unknown field (known: apply-exit, apply-start"
     )
     assert text[1] == "hooks.yaml:6: hooks.apply-exit[0].command: required field is missing"
+
+
+@pytest.mark.parametrize(
+    ("hook", "says"),
+    [
+        ('{command: x, envs: {"A=B": "1"}}', "envs: 'A=B' is not an environment variable name"),
+        ('{command: x, envs: {"": "1"}}', "envs: '' is not an environment variable name"),
+        ('{command: x, envs: {A: "a\\0b"}}', "envs: the value of A contains a NUL character"),
+        ('{command: x, args: [ok, "a\\0b"]}', "args: argument 1 contains a NUL character"),
+        ('{command: "x\\0y"}', "command: must not contain a NUL character"),
+    ],
+)
+def test_a_hook_the_system_would_refuse_to_run_is_refused_when_read(hook: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_hooks(f"version: v1\nhooks:\n  apply-start:\n    - {hook}\n", "hooks.yaml")
+    assert [str(p) for p in err.value.problems] == [f"hooks.yaml:4: hooks.apply-start[0].{says}"]
