@@ -102,6 +102,96 @@ class Resources(_Strict):
     claims: list[dict[str, Any]] | None = None
 
 
+class _Read(BaseModel):
+    """A part of a Kubernetes object the simulation reads: typed, every other field allowed."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class _Expression(_Read):
+    key: str
+    operator: str
+    values: list[str] | None = None
+
+
+class _SelectorTerm(_Read):
+    matchExpressions: list[_Expression] | None = None  # noqa: N815 - Kubernetes' name
+    matchFields: list[_Expression] | None = None  # noqa: N815 - Kubernetes' name
+
+
+class _NodeSelector(_Read):
+    nodeSelectorTerms: list[_SelectorTerm]  # noqa: N815 - Kubernetes' name
+
+
+class _NodeAffinity(_Read):
+    requiredDuringSchedulingIgnoredDuringExecution: _NodeSelector | None = None  # noqa: N815
+
+
+class Affinity(_Read):
+    """A pod's affinity: the required node affinity is what the simulation reads."""
+
+    nodeAffinity: _NodeAffinity | None = None  # noqa: N815 - Kubernetes' name
+    podAffinity: dict[str, Any] | None = None  # noqa: N815 - Kubernetes' name
+    podAntiAffinity: dict[str, Any] | None = None  # noqa: N815 - Kubernetes' name
+
+
+def _amount(value: object) -> object:
+    """A quota or usage quantity: a number or quantity string, 0 or more."""
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None
+    if amount < 0:
+        raise ValueError(f"{value!r} is negative; a quantity is 0 or more")
+    return value
+
+
+Amount = Annotated[int | str, AfterValidator(_amount)]
+
+
+class _QuotaEntry(_Read):
+    name: str
+    nominalQuota: Amount  # noqa: N815 - Kueue's name
+    borrowingLimit: Amount | None = None  # noqa: N815 - Kueue's name
+    lendingLimit: Amount | None = None  # noqa: N815 - Kueue's name
+
+
+class _FlavorQuotas(_Read):
+    name: str
+    resources: list[_QuotaEntry]
+
+
+class _ResourceGroup(_Read):
+    coveredResources: list[str] = []  # noqa: N815 - Kueue's name
+    flavors: list[_FlavorQuotas]
+
+
+class _UsageEntry(_Read):
+    name: str
+    total: Amount = 0
+    borrowed: Amount = 0
+
+
+class _FlavorUsage(_Read):
+    name: str
+    resources: list[_UsageEntry] = []
+
+
+class _ClusterQueueSpec(_Read):
+    resourceGroups: list[_ResourceGroup] = []  # noqa: N815 - Kueue's name
+
+
+class _ClusterQueueStatus(_Read):
+    flavorsUsage: list[_FlavorUsage] = []  # noqa: N815 - Kueue's name
+
+
+class ClusterQueue(_Read):
+    """The parts of a ClusterQueue the simulation reads: its quotas and what Kueue reports used."""
+
+    spec: _ClusterQueueSpec
+    status: _ClusterQueueStatus | None = None
+
+
 def _toleration_key(key: str) -> str:
     return key if key == "" else label_key(key)
 
@@ -136,7 +226,7 @@ def _pod_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
             "nodeSelector": (Labels | None, None),
             "tolerations": (list[Toleration] | None, None),
             "schedulingGates": (list[Gate] | None, None),
-            "affinity": (dict[str, Any] | None, None),
+            "affinity": (Affinity | None, None),
         },
         "PodSpec",
     )
@@ -397,6 +487,15 @@ def _validate(doc: Document) -> ClusterFile:
         raise ClusterFileError(_first_error(doc, exc)) from None
     _check_manifests(doc, "pods", "pod", cluster.pods, _pod_model(), ("spec",))
     _check_manifests(doc, "jobs", "job", cluster.jobs, _job_model(), ("spec", "template", "spec"))
+    for i, obj in enumerate(cluster.kueue):
+        if obj.kind == "ClusterQueue":
+            try:
+                ClusterQueue.model_validate(obj.model_dump())
+            except ValidationError as exc:
+                name = obj.metadata.get("name")
+                raise ClusterFileError(
+                    _first_error(doc, exc, ("kueue", i), str(name), "ClusterQueue")
+                ) from None
     names: dict[str, int] = {}
     for i, node in enumerate(cluster.nodes):
         if node.name in names:

@@ -137,7 +137,33 @@ CLUSTER_FILES += [
         "pods.0.spec.nodeSelector: '!!bad key' is not a valid label key",
         id="node-selector",
     ),
+    pytest.param(
+        pod_with("1").replace(
+            "      containers:", "      affinity: {nodeAffinity: x}\n      containers:"
+        ),
+        "pods.0.spec.affinity.nodeAffinity: Input should be a valid dictionary",
+        id="node-affinity",
+    ),
 ]
+_QUEUE = (
+    NODES + "kueue:\n  - apiVersion: kueue.x-k8s.io/v1beta2\n    kind: ClusterQueue\n"
+    "    metadata: {name: q}\n    spec:\n      resourceGroups:\n"
+    "        - coveredResources: [nvidia.com/gpu]\n          flavors: FLAVORS\n"
+)
+_QUOTA = "[{name: f, resources: [{name: nvidia.com/gpu, nominalQuota: QUOTA}]}]"
+_FLAVORS = "cluster.yaml:11: kueue.0.spec.resourceGroups.0.flavors"
+for flavors, says in [
+    ("x", f"{_FLAVORS}: Input should be a valid list"),
+    (_QUOTA.replace("QUOTA", "-5"), "nominalQuota: -5 is negative; a quantity is 0 or more"),
+    (_QUOTA.replace("QUOTA", "lots"), "nominalQuota: 'lots' is not a quantity"),
+]:
+    CLUSTER_FILES.append(
+        pytest.param(
+            _QUEUE.replace("FLAVORS", flavors),
+            f"{says} (ClusterQueue q)" if flavors == "x" else f"{_FLAVORS}.0.resources.0.{says}",
+            id=f"cluster-queue-{flavors[:8]}",
+        )
+    )
 
 
 @pytest.mark.parametrize(("content", "says"), CLUSTER_FILES)
