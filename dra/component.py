@@ -131,6 +131,17 @@ class DraComponent:
         """Serving the kubelet plugin sockets."""
         return self._serving
 
+    def prepare(self) -> None:
+        """Make the directories of the plugin's sockets and CDI specs before anything runs: one
+        the agent cannot create (a path under /proc, a file in the way) ends the start in one
+        line instead of a restart loop. Raises OSError naming the directory."""
+        section = self.config.dra
+        for directory in (section.registry_dir, section.plugin_dir, section.cdi_spec_dir):
+            directory.absolute().mkdir(parents=True, exist_ok=True)
+
+    def unprepare(self) -> None:
+        """Nothing to give back: the directories stay, as the kubelet's own do."""
+
     # --- slices -----------------------------------------------------------------------------
 
     def published_devices(self) -> Mapping[str, DraDevice] | None:

@@ -7,6 +7,7 @@ component); nothing here calls NVML or waits for the sampler.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import socket
@@ -51,9 +52,22 @@ class TlsFiles:
         """A server context (TLS 1.2+)."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(self.cert, self.key)
+        # ssl names neither file when one is missing or not PEM: they are named here.
+        for path in (self.cert, self.key, self.client_ca):
+            if path is not None and not path.is_file():
+                raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        try:
+            ctx.load_cert_chain(self.cert, self.key)
+        except ssl.SSLError:
+            raise OSError(
+                errno.EINVAL, "not a PEM certificate and its key", f"{self.cert} and {self.key}"
+            ) from None
         if self.client_ca is not None:
-            ctx.load_verify_locations(self.client_ca)
+            try:
+                ctx.load_verify_locations(self.client_ca)
+            except ssl.SSLError:
+                where = str(self.client_ca)
+                raise OSError(errno.EINVAL, "not PEM CA certificates", where) from None
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 

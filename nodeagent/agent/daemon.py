@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import threading
@@ -214,10 +215,17 @@ class Agent:
                 for other in self.components:
                     if isinstance(other, Preparable):
                         other.unprepare()
-                raise StartupError(
-                    f"{component.name}: {exc.strerror or exc}",
-                    "another program holds it; stop it or choose another address",
-                ) from None
+                what = exc.strerror or str(exc)
+                if isinstance(exc, FileExistsError):
+                    what = "a file is in its place"
+                if exc.filename is not None:
+                    what = f"{exc.filename}: {what}"
+                hint = (
+                    "another program holds it; stop it or choose another address"
+                    if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+                    else "fix that path in the config"
+                )
+                raise StartupError(f"{component.name}: {what}", hint) from None
 
     def _release(self) -> None:
         for lock in reversed(self._locks):

@@ -233,3 +233,34 @@ def test_kubernetes_on_without_usable_credentials_is_one_line(tmp_path: Path) ->
         "set kubernetes.kubeconfig or kubernetes.api_server"
     )
     assert "hint: or set kubernetes.enabled: false" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "says"),
+    [
+        (
+            "dra: {enabled: true, registry_dir: /proc/no-such/registry}",
+            "error: dra: /proc/no-such: No such file or directory",
+        ),
+        (
+            "metrics: {address: '127.0.0.1:0', tls_cert_file: CERT, tls_key_file: CERT}",
+            "error: metrics: CERT: no such file",
+        ),
+    ],
+)
+def test_a_path_a_component_cannot_use_is_one_line_naming_it(
+    tmp_path: Path, section: str, says: str
+) -> None:
+    cert = str(tmp_path / "missing.pem")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "version: v1\nmig: {enabled: false}\nhealth: {enabled: false}\n"
+        f"device_plugin: {{kubelet_dir: '{tmp_path / 'kubelet'}'}}\n"
+        + ("" if section.startswith("metrics") else "metrics: {enabled: false}\n")
+        + section.replace("CERT", cert)
+        + "\n"
+    )
+    result = run_agent(config, tmp_path / "sim", tmp_path / "state")
+    assert result.returncode == 2, result.stderr
+    assert one_error_line(result.stderr) == says.replace("CERT", cert)
+    assert "hint: fix that path in the config" in result.stderr
