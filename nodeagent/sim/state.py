@@ -214,8 +214,8 @@ class StateStore:
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
             except OSError as exc:
                 raise SimStateError(
-                    f"cannot use {self.state_dir} for the simulated node: its lock file cannot "
-                    f"be created ({exc.strerror}); pass --state-dir a writable directory"
+                    f"cannot use the simulated node's state dir {self.state_dir}: its lock file "
+                    f"cannot be created ({exc.strerror}); pass a writable --state-dir"
                 ) from None
             self._file_lock = FileLock(str(path))
         return self._file_lock
@@ -303,8 +303,8 @@ class StateStore:
         except OSError as exc:
             what = "a file is in its place" if isinstance(exc, FileExistsError) else exc.strerror
             raise SimStateError(
-                f"cannot create the simulated node's directory {self.state_dir}: {what}; pass "
-                "--state-dir a writable directory"
+                f"cannot use the simulated node's state dir {self.state_dir}: {what}; pass a "
+                "writable --state-dir"
             ) from None
 
     def _write_host(self, preset: presets.Preset) -> None:

@@ -27,8 +27,8 @@ def test_a_state_dir_that_cannot_hold_the_lock_or_is_a_file(tmp_path: Path) -> N
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     for state_dir, says in (
-        ("/proc/self", "cannot use /proc/self for the simulated node: its lock file cannot be"),
-        (str(a_file), f"cannot create the simulated node's directory {a_file}: a file is in"),
+        ("/proc/self", "cannot use the simulated node's state dir /proc/self: its lock file"),
+        (str(a_file), f"cannot use the simulated node's state dir {a_file}: a file is in"),
     ):
         for command in (["gpus"], ["sim", "reset"]):
             result = nodeagent(*command, "--simulate", "t4", "--state-dir", state_dir)
