@@ -637,7 +637,11 @@ class RealNode:
         )
 
     def delete_pod(self, namespace: str, name: str, *, timeout_s: float = 60.0) -> None:
-        """Delete the pod and wait until the kubelet has finished it (the object is gone)."""
+        """Delete the pod and wait until the kubelet has finished it: the object is gone and
+        no claim in the kubelet's DRA checkpoint names the pod (the object can go before the
+        kubelet has unprepared its claims, and a test after this one must find the devices
+        free)."""
+        uid = self.core.read_namespaced_pod(name, namespace).metadata.uid
         self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         waiting.pods(
             self.plane.api_client(),
@@ -645,6 +649,14 @@ class RealNode:
             lambda pods: name not in pods or None,
             what=lambda: (
                 f"kubelet on {self.name}: pod {namespace}/{name} deleted\n" + self.log_tail()
+            ),
+            timeout_s=timeout_s,
+        )
+        eventually(
+            lambda: not any(uid in (c.get("PodUIDs") or {}) for c in self.dra_checkpoint()),
+            what=lambda: (
+                f"kubelet on {self.name}: the claims of pod {namespace}/{name} unprepared\n"
+                + self.log_tail()
             ),
             timeout_s=timeout_s,
         )
