@@ -641,7 +641,10 @@ class RealNode:
         no claim in the kubelet's DRA checkpoint names the pod (the object can go before the
         kubelet has unprepared its claims, and a test after this one must find the devices
         free)."""
-        uid = self.core.read_namespaced_pod(name, namespace).metadata.uid
+        metadata = self.core.read_namespaced_pod(name, namespace).metadata
+        uid = metadata.uid if metadata is not None else None
+        if not uid:
+            raise AssertionError(f"pod {namespace}/{name} has no uid")
         self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         waiting.pods(
             self.plane.api_client(),
