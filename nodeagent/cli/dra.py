@@ -14,9 +14,11 @@ from nodeagent.cli.common import (
     SimulateOption,
     StateDirOption,
     emit_json,
+    fail,
     load_config_or_exit,
     open_node_or_exit,
 )
+from nodeagent.config.types import dns_subdomain
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -50,6 +52,11 @@ def slices(
     from nodeagent_dra.checkpoint import read_managed
     from nodeagent_dra.slices import build_slices, slice_spec
 
+    if node_name is not None:
+        try:
+            dns_subdomain(node_name, 253, "Kubernetes node name")
+        except ValueError as exc:
+            fail(str(exc), "pass --node-name as the node is named in the cluster")
     cfg = load_config_or_exit(config)
     node = open_node_or_exit(simulate, state_dir)
     try:

@@ -33,6 +33,7 @@ from nodeagent.cli.common import (
     print_table,
 )
 from nodeagent.config.errors import ConfigError
+from nodeagent.config.types import dns_label, dns_subdomain
 
 app = typer.Typer(
     name="tiering",
@@ -97,6 +98,17 @@ QuotaOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def _check_names(namespace: str, lease_name: str | None = None) -> None:
+    """--namespace and --lease-name as the API server takes them, checked before anything
+    starts: a bad name would otherwise surface as a 422 on the first write, after leadership."""
+    try:
+        dns_label(namespace, "namespace")
+        if lease_name is not None:
+            dns_subdomain(lease_name, 253, "Lease name")
+    except ValueError as exc:
+        fail(str(exc), "pass --namespace and --lease-name as the objects are named in the cluster")
 
 
 def _client(server: str | None, kubeconfig: Path | None, in_cluster: bool) -> Any:
@@ -204,6 +216,7 @@ def run_command(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    _check_names(namespace, lease_name)
     policy = _policy(policy_file)
     quota = _quota(quota_file, policy) if quota_file is not None else None
     if kueue:
@@ -315,6 +328,7 @@ def report_command(
         step_s = parse_duration(prometheus_step)
     except ValueError as exc:
         fail(str(exc), "durations look like 30d, 12h, 90m or 45s")
+    _check_names(namespace)
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy) if quota_file else None
     flavors = _flavors(policy, quota)
@@ -370,6 +384,7 @@ def reset_breaker_command(
     from nodeagent_tiering.cluster.cluster_api import KubeError
     from nodeagent_tiering.drain.leader import reset_breaker_on_lease
 
+    _check_names(namespace, lease_name)
     api, kube_cls = _client(server, kubeconfig, in_cluster)
     try:
         done = reset_breaker_on_lease(kube_cls(api), namespace, lease_name, now_s=time.time())
@@ -476,6 +491,8 @@ def quota_render_command(
     from nodeagent_tiering.quota.apply import apply_objects, policy_objects
     from nodeagent_tiering.quota.policy import render_yaml
 
+    if prune and not apply:
+        fail("--prune deletes queues only when applying", "add --apply, or drop --prune")
     policy = _policy(policy_file) if policy_file else None
     quota = _quota(quota_file, policy)
     kube = None

@@ -102,6 +102,16 @@ class SimControl:
             )
         if kind == "xid" and code is None:
             raise SimError("fault 'xid' needs an XID code", "pass --code, e.g. --code 79")
+        if kind == "xid" and code is not None and code < 1:
+            raise SimError(
+                f"XID {code} is not an XID (the driver numbers them from 1)",
+                "pass the XID the driver reports, e.g. --code 79",
+            )
+        if code is not None and kind not in ("xid", "nvlink-down", "nvlink-errors", "nvml-error"):
+            raise SimError(
+                f"fault {kind!r} takes no code",
+                "--code is for xid, nvlink-down, nvlink-errors and nvml-error",
+            )
         if kind == "driver" and not args.get("version"):
             raise SimError("fault 'driver' needs a version", "pass --version, e.g. 570.172.08")
         if count is not None and count < 1:

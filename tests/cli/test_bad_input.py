@@ -49,12 +49,53 @@ def test_a_state_dir_that_cannot_hold_the_lock_or_is_a_file(tmp_path: Path) -> N
             id="lock-timeout-nan",
         ),
         pytest.param(["run", "--log-level", "bogus"], "'bogus'", id="log-level"),
+        pytest.param(
+            ["dra", "slices", "--node-name", "Bad Name!"],
+            "'Bad Name!' is not a valid Kubernetes node name",
+            id="dra-node-name",
+        ),
+        pytest.param(
+            ["sim", "inject", "xid", "--gpu", "0", "--code", "-1"],
+            "XID -1 is not an XID",
+            id="xid-negative",
+        ),
     ],
 )
 def test_numbers_and_names_options_refuse(tmp_path: Path, args: list[str], says: str) -> None:
     result = nodeagent(*args, "--simulate", "dgx-h100", "--state-dir", str(tmp_path / "sim"))
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(
+            ["run", "--namespace", "Bad NS"], "'Bad NS' is not a valid namespace", id="run-ns"
+        ),
+        pytest.param(
+            ["run", "--lease-name", "lease_1"], "'lease_1' is not a valid Lease name", id="lease"
+        ),
+        pytest.param(
+            ["reset-breaker", "--namespace", "x_y"], "'x_y' is not a valid namespace", id="breaker"
+        ),
+        pytest.param(["report", "--namespace", "A"], "'A' is not a valid namespace", id="report"),
+        pytest.param(
+            ["quota", "render", "--prune"], "--prune deletes queues only when applying", id="prune"
+        ),
+    ],
+)
+def test_tiering_names_and_flags_refuse_before_any_request(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    """Refused before a policy is read or the API server is called: no server is given."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: v1\n")
+    files = {"quota": ["-f", str(policy)], "run": ["--policy", str(policy)]}.get(args[0], [])
+    result = nodeagent("tiering", *args, *files, "--server", "http://127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {says}"), result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -185,6 +185,9 @@ def test_nvml_error_fails_on_a_thread_that_never_called_before(make_sim, control
         pytest.param("dgx-h100", "nvml-error", {"code": 0}, "is not an error", id="success-code"),
         pytest.param("dgx-h100", "lost", {"function": "nvmlDeviceGetUUID"}, "takes no function",
                      id="function-on-lost"),
+        pytest.param("dgx-h100", "xid", {"code": 0}, "XID 0 is not an XID", id="xid-0"),
+        pytest.param("dgx-h100", "xid", {"code": -1}, "XID -1 is not an XID", id="xid-negative"),
+        pytest.param("dgx-h100", "ecc-dbe", {"code": 5}, "takes no code", id="code-on-ecc"),
     ],
 )  # fmt: skip
 def test_inject_errors(make_sim, control_for, preset, kind, kwargs, message):
