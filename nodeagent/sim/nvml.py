@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import sys
 import threading
@@ -145,7 +146,15 @@ def clock_from_env() -> Callable[[], float]:
     fixed = os.environ.get(ENV_SIM_TIME)
     if not fixed:
         return time.time
-    at = float(fixed)
+    try:
+        at = float(fixed)
+    except ValueError:
+        at = math.nan
+    if not math.isfinite(at):
+        raise ValueError(
+            f"{ENV_SIM_TIME}={fixed!r} is not a Unix time in seconds (e.g. 1767225600); "
+            "unset it for the real clock"
+        )
     return lambda: at
 
 

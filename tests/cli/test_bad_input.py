@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+CLI = [sys.executable, "-m", "nodeagent.cli.main"]
+
 
 def nodeagent(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEAGENT_")}
     return subprocess.run(
-        [sys.executable, "-m", "nodeagent.cli.main", *args],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -127,3 +129,18 @@ def test_paths_that_cannot_hold_what_is_written_are_one_line(tmp_path: Path) -> 
         assert result.stderr.startswith(f"error: {says}"), result.stderr
         assert "Traceback" not in result.stderr
     assert a_file.read_text() == "x"
+
+
+def test_a_fixed_simulated_time_that_is_not_a_number_names_the_variable(tmp_path: Path) -> None:
+    for value in ("abc", "inf"):
+        result = subprocess.run(
+            [*CLI, "gpus", "--simulate", "t4", "--state-dir", str(tmp_path / "sim")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "NODEAGENT_SIM_TIME": value},
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"error: NODEAGENT_SIM_TIME='{value}' is not a Unix time")
+        assert "Traceback" not in result.stderr
