@@ -168,8 +168,9 @@ class SimControl:
         up; without it the PID is made up. ``mps`` makes it an MPS client.
         """
         if not name or "\0" in name or len(name) > PROCESS_NAME_MAX:
+            shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
             raise SimError(
-                f"process name {name!r} is not a command name",
+                f"process name {shown} is not a command name",
                 f"pass 1 to {PROCESS_NAME_MAX} characters, e.g. --name python3",
             )
         if used_memory_mib < 0:

@@ -61,6 +61,11 @@ def test_a_state_dir_that_cannot_hold_the_lock_or_is_a_file(tmp_path: Path) -> N
             "XID -1 is not an XID",
             id="xid-negative",
         ),
+        pytest.param(
+            ["sim", "process", "add", "--gpu", "0", "--name", "a" * 2000],
+            "process name '" + "a" * 40 + "'... (2000 characters) is not a command name",
+            id="process-name-not-echoed-whole",
+        ),
     ],
 )
 def test_numbers_and_names_options_refuse(tmp_path: Path, args: list[str], says: str) -> None:
