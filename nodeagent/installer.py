@@ -10,6 +10,7 @@ layout or test the units without touching the host. ``nodeagent install-systemd`
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 import sysconfig
@@ -123,6 +124,11 @@ def install(
     Units are always rewritten (they belong to the package; local changes go in drop-ins).
     The config file is the operator's: an existing one is kept byte for byte.
     """
+    config = layout.config_dir / CONFIG_FILE
+    if config.exists() and not config.is_file():
+        # Checked before anything is written: reporting it as kept would leave the agent
+        # without a config at its first start.
+        raise IsADirectoryError(errno.EISDIR, "not a regular file", str(config))
     source = source or find_source_dir()
     written: list[Path] = []
     kept: list[Path] = []
@@ -141,7 +147,6 @@ def install(
             # A real install over a rehearsal must not keep simulating.
             dropin.unlink()
     layout.config_dir.mkdir(parents=True, exist_ok=True)
-    config = layout.config_dir / CONFIG_FILE
     if config.exists():
         kept.append(config)
     else:

@@ -63,6 +63,11 @@ def install_systemd(
         result = install(layout, simulate=simulate)
     except PermissionError as exc:
         fail(f"{exc.strerror}: {exc.filename}", "run as root, or pass --root DIR to rehearse")
+    except IsADirectoryError as exc:
+        fail(
+            f"{exc.filename} is not a config file (a directory or other file is in its place)",
+            "move it away; install then writes the default config there",
+        )
     except OSError as exc:
         if exc.filename is None:  # the package's own unit files are missing
             fail(str(exc), "install nodeagent from a source checkout or a wheel that ships them")

@@ -149,3 +149,14 @@ def test_a_fixed_simulated_time_that_is_not_a_number_names_the_variable(tmp_path
         assert result.returncode == 2, result.stderr
         assert result.stderr.startswith(f"error: NODEAGENT_SIM_TIME='{value}' is not a Unix time")
         assert "Traceback" not in result.stderr
+
+
+def test_install_over_a_directory_where_the_config_goes_writes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc" / "nodeagent" / "nodeagent.yaml").mkdir(parents=True)
+    result = nodeagent("install-systemd", "--root", str(root), "--prefix", sys.prefix)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"error: {root}/etc/nodeagent/nodeagent.yaml is not a config file"
+    ), result.stderr
+    assert not (root / "etc" / "systemd").exists()  # no unit was written before the refusal
