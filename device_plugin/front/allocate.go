@@ -11,13 +11,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	api "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 const (
@@ -25,6 +24,9 @@ const (
 	volumeMountRoot = "/var/run/nvidia-container-devices"
 	mpsPipeEnv      = "CUDA_MPS_PIPE_DIRECTORY"
 	maxIDsShown     = 10
+	// Up to this many devices, sets are slices scanned in order: the few IDs of a container's
+	// request cost less to compare than to hash into a map, on a path every call takes.
+	linearScanMax = 32
 )
 
 // controlDevices: nvidiactl is always passed, the others if present.
@@ -92,17 +94,34 @@ func refuse(code codes.Code, format string, args ...any) error {
 }
 
 func (t *table) allocate(in []byte) ([]byte, error) {
-	var req api.AllocateRequest
-	if err := proto.Unmarshal(in, &req); err != nil {
+	containers, err := decodeAllocateRequest(in)
+	if err != nil {
 		return nil, status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
 	}
-	chosen := make([][]*device, 0, len(req.ContainerRequests))
-	for _, container := range req.ContainerRequests {
-		devices, err := t.validate(container.DevicesIds)
+	chosen := make([][]*device, 0, len(containers))
+	for _, ids := range containers {
+		devices, err := t.validate(ids)
 		if err != nil {
 			return nil, err
 		}
 		chosen = append(chosen, devices)
+	}
+	if shared := sharedAcross(chosen); len(shared) > 0 {
+		return nil, refuse(codes.InvalidArgument,
+			"%s: device(s) requested by more than one container of the pod: %s",
+			t.Resource, idList(shared))
+	}
+	answers := make([]containerAnswer, len(chosen))
+	for n, devices := range chosen {
+		t.answer(&answers[n], devices)
+	}
+	return encodeAllocateResponse(answers), nil
+}
+
+// sharedAcross is the devices asked for by more than one of the pod's containers.
+func sharedAcross(chosen [][]*device) []string {
+	if len(chosen) < 2 {
+		return nil
 	}
 	owners := map[string]int{}
 	var shared []string
@@ -121,16 +140,7 @@ func (t *table) allocate(in []byte) ([]byte, error) {
 			}
 		}
 	}
-	if len(shared) > 0 {
-		return nil, refuse(codes.InvalidArgument,
-			"%s: device(s) requested by more than one container of the pod: %s",
-			t.Resource, idList(shared))
-	}
-	response := &api.AllocateResponse{}
-	for _, devices := range chosen {
-		response.ContainerResponses = append(response.ContainerResponses, t.containerResponse(devices))
-	}
-	return proto.Marshal(response)
+	return shared
 }
 
 func (t *table) validate(ids []string) ([]*device, error) {
@@ -138,11 +148,11 @@ func (t *table) validate(ids []string) ([]*device, error) {
 	if len(ids) == 0 {
 		return nil, refuse(codes.InvalidArgument, "%s: no device IDs", r)
 	}
-	counts := map[string]int{}
-	for _, id := range ids {
-		counts[id]++
-	}
-	if len(counts) != len(ids) {
+	if hasDuplicates(ids) {
+		counts := map[string]int{}
+		for _, id := range ids {
+			counts[id]++
+		}
 		var duplicates []string
 		for id, n := range counts {
 			if n > 1 {
@@ -190,6 +200,9 @@ func (t *table) validate(ids []string) ([]*device, error) {
 			"request for '%s: %d' too large: maximum request size for shared resources is 1 "+
 				"(shared devices: %s)", r, len(chosen), idList(strict))
 	}
+	if !slices.ContainsFunc(chosen, func(d *device) bool { return d.MPS }) {
+		return chosen, nil // the MPS rule below is all that is left
+	}
 	mpsGPUs := map[string]bool{}
 	gpus := map[string]bool{}
 	for _, d := range chosen {
@@ -198,7 +211,7 @@ func (t *table) validate(ids []string) ([]*device, error) {
 			mpsGPUs[d.GPUUUID] = true
 		}
 	}
-	if len(mpsGPUs) > 0 && (len(mpsGPUs) > 1 || len(gpus) > 1) {
+	if len(mpsGPUs) > 1 || len(gpus) > 1 {
 		names := make([]string, 0, len(mpsGPUs))
 		for g := range mpsGPUs {
 			names = append(names, g)
@@ -211,41 +224,41 @@ func (t *table) validate(ids []string) ([]*device, error) {
 	return chosen, nil
 }
 
-func (t *table) containerResponse(chosen []*device) *api.ContainerAllocateResponse {
-	response := &api.ContainerAllocateResponse{Envs: map[string]string{}}
+// answer fills in one container's runtime instructions.
+func (t *table) answer(a *containerAnswer, chosen []*device) {
 	uuids := unique(chosen, func(d *device) string { return d.UUID }) // replicas name a GPU once
 	if t.VisibleDevicesEnv {
-		response.Envs[visibleDevices] = strings.Join(uuids, ",")
+		a.setEnv(visibleDevices, strings.Join(uuids, ","))
 	}
 	if t.VolumeMounts {
-		response.Envs[visibleDevices] = volumeMountRoot
+		a.setEnv(visibleDevices, volumeMountRoot)
 		for _, uuid := range uuids {
-			response.Mounts = append(response.Mounts, &api.Mount{
-				ContainerPath: volumeMountRoot + "/" + uuid, HostPath: "/dev/null", ReadOnly: true,
+			a.mounts = append(a.mounts, mount{
+				containerPath: volumeMountRoot + "/" + uuid, hostPath: "/dev/null", readOnly: true,
 			})
 		}
 	}
-	names := make([]string, len(uuids))
-	for i, uuid := range uuids {
-		names[i] = t.CDIKind + "=" + uuid
-	}
-	if t.CDIAnnotationPrefix != nil {
-		digest := sha256.Sum256([]byte(strings.Join(uuids, ",")))
-		key := *t.CDIAnnotationPrefix + "nodeagent-device-plugin_" + hex.EncodeToString(digest[:])[:16]
-		response.Annotations = map[string]string{key: strings.Join(names, ",")}
-	}
-	if t.CDICRI {
-		for _, name := range names {
-			response.CdiDevices = append(response.CdiDevices, &api.CDIDevice{Name: name})
+	if t.CDIAnnotationPrefix != nil || t.CDICRI {
+		names := make([]string, len(uuids))
+		for i, uuid := range uuids {
+			names[i] = t.CDIKind + "=" + uuid
+		}
+		if t.CDIAnnotationPrefix != nil {
+			digest := sha256.Sum256([]byte(strings.Join(uuids, ",")))
+			key := *t.CDIAnnotationPrefix + "nodeagent-device-plugin_" + hex.EncodeToString(digest[:])[:16]
+			a.annotations = append(a.annotations, pair{key, strings.Join(names, ",")})
+		}
+		if t.CDICRI {
+			a.cdiDevices = append(a.cdiDevices, names...)
 		}
 	}
 	if t.OwnCDINames != nil {
 		for _, uuid := range uuids {
-			response.CdiDevices = append(response.CdiDevices, &api.CDIDevice{Name: t.OwnCDINames[uuid]})
+			a.cdiDevices = append(a.cdiDevices, t.OwnCDINames[uuid])
 		}
 	}
 	if t.DevRoot != nil {
-		t.addDeviceSpecs(response, chosen, *t.DevRoot)
+		t.addDeviceSpecs(a, chosen, *t.DevRoot)
 	}
 	for _, gpu := range unique(chosen, func(d *device) string { return d.GPUUUID }) {
 		paths, ok := t.MPS[gpu]
@@ -253,19 +266,16 @@ func (t *table) containerResponse(chosen []*device) *api.ContainerAllocateRespon
 			continue
 		}
 		if t.OwnCDINames == nil { // the agent's CDI device mounts the pipe and sets the env itself
-			response.Envs[mpsPipeEnv] = paths.ContainerPipeDir
-			response.Mounts = append(response.Mounts, &api.Mount{
-				ContainerPath: paths.ContainerPipeDir, HostPath: paths.HostPipeDir,
+			a.setEnv(mpsPipeEnv, paths.ContainerPipeDir)
+			a.mounts = append(a.mounts, mount{
+				containerPath: paths.ContainerPipeDir, hostPath: paths.HostPipeDir,
 			})
 		}
-		response.Mounts = append(response.Mounts, &api.Mount{
-			ContainerPath: "/dev/shm", HostPath: paths.HostShmDir,
-		})
+		a.mounts = append(a.mounts, mount{containerPath: "/dev/shm", hostPath: paths.HostShmDir})
 	}
-	return response
 }
 
-func (t *table) addDeviceSpecs(response *api.ContainerAllocateResponse, chosen []*device, devRoot string) {
+func (t *table) addDeviceSpecs(a *containerAnswer, chosen []*device, devRoot string) {
 	paths := unique(chosen, func(d *device) string { return fmt.Sprintf("nvidia%d", d.Minor) })
 	paths = append(paths, controlDevices[0])
 	for _, name := range controlDevices[1:] {
@@ -274,23 +284,52 @@ func (t *table) addDeviceSpecs(response *api.ContainerAllocateResponse, chosen [
 		}
 	}
 	for _, name := range paths {
-		response.Devices = append(response.Devices, &api.DeviceSpec{
-			ContainerPath: "/dev/" + name, HostPath: filepath.Join(devRoot, name), Permissions: "rw",
+		a.devices = append(a.devices, deviceSpec{
+			containerPath: "/dev/" + name, hostPath: filepath.Join(devRoot, name), permissions: "rw",
 		})
 	}
 }
 
 // unique is key of each device, first appearance first.
 func unique(devices []*device, key func(*device) string) []string {
-	seen := map[string]bool{}
-	var out []string
+	out := make([]string, 0, len(devices))
+	var seen map[string]bool // only for long lists: for a few, scanning out costs less
+	if len(devices) > linearScanMax {
+		seen = make(map[string]bool, len(devices))
+	}
 	for _, d := range devices {
-		if k := key(d); !seen[k] {
+		k := key(d)
+		if seen != nil {
+			if seen[k] {
+				continue
+			}
 			seen[k] = true
-			out = append(out, k)
+		} else if contains(out, k) {
+			continue
 		}
+		out = append(out, k)
 	}
 	return out
+}
+
+// hasDuplicates is whether an ID appears twice.
+func hasDuplicates(ids []string) bool {
+	if len(ids) > linearScanMax {
+		seen := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			if seen[id] {
+				return true
+			}
+			seen[id] = true
+		}
+		return false
+	}
+	for i, id := range ids {
+		if contains(ids[:i], id) {
+			return true
+		}
+	}
+	return false
 }
 
 func contains(list []string, s string) bool {

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 )
 
@@ -94,6 +95,13 @@ func (f *front) closeAll() {
 }
 
 func main() {
+	// One P unless the operator sets GOMAXPROCS: the kubelet calls Allocate one container at a
+	// time and each answer is microseconds of work, so a second P only adds a wake-up of
+	// another thread to every call (measured on a 2-core VM: a third fewer context switches
+	// per call and 0.016 ms less at p50; docs/benchmarks.md).
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 	f := &front{sockets: map[string]*socket{}}
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 0, 1<<20), 64<<20) // a table of many replicas is a long line

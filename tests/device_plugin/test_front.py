@@ -160,6 +160,34 @@ def test_mps_devices_are_answered_as_the_agent_does(run_plugin, front_program, m
     assert assert_same_answers(plugin, "nvidia.com/gpu", seed=7) > 0
 
 
+def test_long_requests_are_answered_as_the_agent_does(run_plugin, front_program) -> None:
+    # The front keeps short sets as slices and long ones as maps (allocate.go): requests of
+    # replicas past that length, with and without a duplicate, across two containers.
+    sharing = {"mode": "time-slicing", "replicas": 48}
+    config = {
+        "pools": {"default": {"gpu_sharing": {"0": sharing, "1": sharing}}},
+        "device_plugin": {"allocate_front": str(front_program)},
+    }
+    plugin = run_plugin("dgx-h100", config=config)
+    resource = "nvidia.com/gpu"
+    plugin.kubelet.wait_devices(resource, lambda d: f"{plugin.uuid(1)}::47" in d)
+    front, agent = stubs(plugin, resource)
+    replicas = [f"{plugin.uuid(g)}::{r}" for g in (0, 1) for r in range(48)]
+    for containers in (
+        [replicas[:40]],
+        [replicas],
+        [[*replicas[:40], replicas[7]]],
+        [replicas[:50], replicas[50:]],
+        [replicas[:50], replicas[45:]],
+        [[*replicas[:40], "GPU-unknown"]],
+    ):
+        theirs, ours = answer(front, containers), answer(agent, containers)
+        assert theirs == ours, f"{[len(c) for c in containers]}:\nfront: {theirs}\nagent: {ours}"
+    [resp] = answer(front, [replicas]).container_responses
+    visible = resp.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert visible == [plugin.uuid(0), plugin.uuid(1)]  # each GPU once, in request order
+
+
 def test_every_other_call_reaches_the_agent_through_the_front(run_plugin, front_program) -> None:
     plugin = run_plugin(
         "dgx-h100", config={"device_plugin": {"allocate_front": str(front_program)}}
