@@ -15,7 +15,8 @@ does falls on both alike:
 
 - ``Allocate`` of one or two random GPUs, and ``GetPreferredAllocation`` of two out of all GPUs,
   through their unix sockets, the calls to the two plugins interleaved (the same request to
-  each, which goes first alternating) (p50 / p99);
+  each, in a fresh random order each time) (p50 / p99), and Allocate's p50 by the server
+  called just before (which one goes first matters: see ``latency``);
 - XID 79 on one GPU, injected through the simulator's control API (the state-file write that
   ``nodeagent sim inject`` makes): time until each test kubelet's ListAndWatch stream shows
   that GPU Unhealthy, how many devices went Unhealthy, and, after ``clear``, time until it is
@@ -282,6 +283,9 @@ class Latency:
 
     runs: list[dict[str, list[float]]]
     floor: list[float]
+    # Allocate by (server, the server called just before it; -1: none); the floor is the last
+    # index
+    after: dict[tuple[int, int], list[float]]
 
 
 def latency(
@@ -297,6 +301,7 @@ def latency(
         {"Allocate": [], "GetPreferredAllocation": []} for _ in runs
     ]
     floor_times: list[float] = []
+    after: dict[tuple[int, int], list[float]] = {}
     want = api_pb2.PreferredAllocationRequest(
         container_requests=[
             api_pb2.ContainerPreferredAllocationRequest(
@@ -322,13 +327,23 @@ def latency(
         if method == "Allocate":
             called.append(floor.Allocate)
             kept.append(floor_times)
-        for n, request in enumerate(each):
-            order = range(len(called)) if n % 2 == 0 else reversed(range(len(called)))
+        previous = -1
+        for request in each:
+            # A fresh random order for every request: a server called right after itself finds
+            # its code and data still in the CPU's caches, and one called right after a Python
+            # server shares the cores with that server's work after its answer. A fixed or
+            # alternating order hands those to the same servers every time.
+            order = list(range(len(called)))
+            rng.shuffle(order)
             for i in order:
                 start = time.perf_counter()
                 called[i](request, timeout=5)
-                kept[i].append(time.perf_counter() - start)
-    return Latency(times, floor_times)
+                took = time.perf_counter() - start
+                kept[i].append(took)
+                if method == "Allocate":
+                    after.setdefault((i, previous), []).append(took)
+                previous = i
+    return Latency(times, floor_times, after)
 
 
 @dataclass
@@ -560,6 +575,8 @@ class Latencies:
     python_allocate: tuple[float, float]
     python_preferred: tuple[float, float]
     floor: tuple[float, float]
+    # Allocate p50 (ms) and calls, by server and the server called just before it
+    by_previous: dict[tuple[str, str], tuple[float, int]]
 
 
 def measure(
@@ -602,10 +619,19 @@ def measure(
         for i in range(len(runs))
     ]
     extra = calls.runs[len(runs)]
+    names = [run.name for run in (*runs, timed)] + ["the floor"]
+    by_previous = {
+        (names[i], names[before] if before >= 0 else "none"): (
+            quantiles_ms(took)[0],
+            len(took),
+        )
+        for (i, before), took in calls.after.items()
+    }
     return measured, Latencies(
         quantiles_ms(extra["Allocate"]),
         quantiles_ms(extra["GetPreferredAllocation"]),
         quantiles_ms(calls.floor),
+        by_previous,
     )
 
 
@@ -619,6 +645,21 @@ def _ms(pair: tuple[float, float]) -> str:
 
 def _s(value: float | None, never: str) -> str:
     return never if value is None else f"{value:.2f} s"
+
+
+def by_previous_table(extra: Latencies) -> None:
+    """Allocate's p50 for each plugin by the server called just before it."""
+    # Which server was called just before moves a server's latency; with the order random,
+    # each plugin meets each predecessor about equally often, and this shows by how much.
+    servers = sorted({server for server, _ in extra.by_previous})
+    plugins = [name for name in servers if not name.startswith(("nodeagent,", "the floor"))]
+    print("\n| Allocate p50 (calls), by the call just before | " + " | ".join(plugins) + " |")
+    print("|---|" + "---|" * len(plugins))
+    for before in [*servers, "none"]:
+        cells = [extra.by_previous.get((name, before)) for name in plugins]
+        if any(cells):
+            shown = [f"{c[0]:.3f} ms ({c[1]})" if c else "" for c in cells]
+            print(f"| after {before} | " + " | ".join(shown) + " |")
 
 
 def report(
@@ -692,6 +733,8 @@ def report(
         f"| CDI spec for the node (process, median) | {ctk_s:.2f} s | {ours_s:.2f} s | "
         f"{ours_s / ctk_s:.2f} |"
     )
+    print()
+    by_previous_table(extra)
 
 
 def main() -> None:
