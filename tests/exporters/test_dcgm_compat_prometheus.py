@@ -73,6 +73,12 @@ def agent(
     threads = [threading.Thread(target=c.run, args=(stop,)) for c in (sampler, health, exporter)]
     for t in threads:
         t.start()
+    # The event set is open once health is ready: an XID injected before that is never seen
+    # (a GPU off the bus no longer registers events), and its series would never appear.
+    deadline = time.monotonic() + 10
+    while not health.ready:
+        assert time.monotonic() < deadline, "health never became ready"
+        time.sleep(0.05)
     try:
         yield exporter, control
     finally:
