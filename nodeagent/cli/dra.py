@@ -18,7 +18,7 @@ from nodeagent.cli.common import (
     load_config_or_exit,
     open_node_or_exit,
 )
-from nodeagent.config.types import dns_subdomain
+from nodeagent.config.types import kube_node_name
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -54,7 +54,7 @@ def slices(
 
     if node_name is not None:
         try:
-            dns_subdomain(node_name, 253, "Kubernetes node name")
+            kube_node_name(node_name)
         except ValueError as exc:
             fail(str(exc), "pass --node-name as the node is named in the cluster")
     cfg = load_config_or_exit(config)

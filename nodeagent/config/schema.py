@@ -23,15 +23,11 @@ from nodeagent.config.kubernetes import KubernetesSection
 from nodeagent.config.loader import Schema, deep_merge, env_overrides, validate_document
 from nodeagent.config.metrics import MetricsSection
 from nodeagent.config.pool_policy import PoolPolicy
-from nodeagent.config.types import LabelValue, dns_subdomain
+from nodeagent.config.types import LabelValue, kube_node_name
 from nodeagent.config.yamlfile import Document, read_document
 
 DEFAULT_STATE_DIR = Path("/var/lib/nodeagent")
 KIND = "an agent config"
-
-
-def _node_name(name: str) -> str:
-    return dns_subdomain(name, 253, "Kubernetes node name")
 
 
 # Pool names become the value of the nodeagent.io/pool label, which tiering selects on.
@@ -41,7 +37,7 @@ PoolName = LabelValue
 class NodeSection(Schema):
     """Which node this is and which pool it belongs to."""
 
-    name: Annotated[str, AfterValidator(_node_name)] | None = Field(
+    name: Annotated[str, AfterValidator(kube_node_name)] | None = Field(
         None,
         description="Kubernetes node name (RFC 1123); falls back to env NODE_NAME, then hostname",
     )

@@ -42,6 +42,11 @@ def dns_subdomain(name: str, limit: int, what: str) -> str:
     return name
 
 
+def kube_node_name(name: str) -> str:
+    """``name`` when Kubernetes would take it as a node's name (a DNS subdomain)."""
+    return dns_subdomain(name, 253, "Kubernetes node name")
+
+
 # --- Kubernetes' name rules (k8s.io/apimachinery/pkg/util/validation), for every name nodeagent
 # reads from a file and later writes to, or matches against, an API object ---------------------
 
