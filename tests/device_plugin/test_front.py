@@ -188,6 +188,25 @@ def test_long_requests_are_answered_as_the_agent_does(run_plugin, front_program)
     assert visible == [plugin.uuid(0), plugin.uuid(1)]  # each GPU once, in request order
 
 
+def test_bytes_that_are_not_a_request_are_refused_and_the_front_keeps_answering(
+    run_plugin, front_program: Path
+) -> None:
+    plugin = run_plugin(
+        "dgx-h100", config={"device_plugin": {"allocate_front": str(front_program)}}
+    )
+    plugin.kubelet.wait_devices("nvidia.com/gpu", lambda d: len(d) == 8)
+    socket = plugin.manager.servers["nvidia.com/gpu"].socket_path
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        allocate = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+        for garbage in (b"\x0a\xff\xff\xff", b"\x0a\x03\x0a\x01", b"\x0a\x04\x0a\x02\xff\xfe"):
+            with pytest.raises(grpc.RpcError) as info:
+                allocate(garbage, timeout=5)
+            assert info.value.code() is grpc.StatusCode.INTERNAL, garbage
+            assert "error unmarshalling request" in info.value.details()
+    front, agent = stubs(plugin, "nvidia.com/gpu")
+    assert answer(front, [[plugin.uuid(0)]]) == answer(agent, [[plugin.uuid(0)]])
+
+
 def test_every_other_call_reaches_the_agent_through_the_front(run_plugin, front_program) -> None:
     plugin = run_plugin(
         "dgx-h100", config={"device_plugin": {"allocate_front": str(front_program)}}
